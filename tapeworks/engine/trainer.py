@@ -1,0 +1,429 @@
+"""`Trainer`: the compiled training loop for one Keras model.
+
+The Trainer owns the loop (epochs, calls, callbacks, validation, progress) and
+the choice of how to run it; `step.py` owns what one step does and
+`autotune.py` owns the choice of XLA and steps per call. Keras owns the rest:
+optimizers, losses, metrics and callbacks are Keras' own objects, resolved by
+`model.compile`, so strings, schedules and multi-output losses behave exactly
+as in `model.fit`.
+"""
+
+import collections
+import logging
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tapeworks.engine import autotune, guards, step
+from tapeworks.engine.data_adapter import as_dataset
+from tapeworks.engine.progress import EpochProgress, resolve_verbose
+from tapeworks.errors import ConfigError, DataSpecError
+
+logger = logging.getLogger("tapeworks")
+
+EVAL_STEPS_PER_CALL = 32
+
+
+class Trainer:
+    """Trains a Keras model with a compiled, auto-tuned loop.
+
+    Args:
+        model: a built or unbuilt `keras.Model` (Sequential, Functional or
+            subclassed).
+        optimizer: a Keras optimizer or its name ("adam").
+        loss: a Keras loss, its name, a function `loss(y_true, y_pred)`, or a
+            list/dict of those for a multi-output model.
+        metrics: Keras metrics or their names, as in `model.compile`.
+        loss_weights: weights of the losses of a multi-output model.
+        jit_compile: True, False or "auto" (measure both, keep the faster).
+        steps_per_call: steps run inside one graph call, or "auto".
+        seed: seed of the shuffle of NumPy inputs, so that runs repeat.
+        run_eagerly: run the step as plain Python, for debugging (no
+            `tf.function`, no XLA).
+        allow_missing_gradients: skip trainable variables that get no
+            gradient instead of raising `MissingGradientError`.
+
+    Example:
+
+    ```python
+    trainer = tapeworks.Trainer(model, "adam", "sparse_categorical_crossentropy",
+                                metrics=["accuracy"])
+    history = trainer.fit((x, y), batch_size=64, epochs=5)
+    print(trainer.tuning)   # what "auto" chose, and the measurements
+    ```
+
+    Callbacks: Keras callbacks are used unchanged and see `self.model`. With
+    several steps per call, `on_train_batch_begin`/`on_train_batch_end` fire
+    once per call (as in `model.fit` with `steps_per_execution`): `batch` is
+    the index of the last step of the call and the logs are the epoch's running
+    values at that point.
+    """
+
+    def __init__(self, model, optimizer, loss, metrics=None, *, loss_weights=None,
+                 jit_compile="auto", steps_per_call="auto", seed=None,
+                 run_eagerly=False, allow_missing_gradients=False):
+        if not isinstance(model, keras.Model):
+            raise ConfigError(
+                f"`model` must be a keras.Model. Received: {type(model).__name__}. "
+                "Fix: wrap layers in keras.Sequential or a Functional model."
+            )
+        if jit_compile not in (True, False, "auto"):
+            raise ConfigError(
+                "`jit_compile` must be True, False or \"auto\". Received: "
+                f"jit_compile={jit_compile!r}"
+            )
+        if steps_per_call != "auto" and not (
+                isinstance(steps_per_call, int) and steps_per_call >= 1):
+            raise ConfigError(
+                "`steps_per_call` must be an integer >= 1 or \"auto\". "
+                f"Received: steps_per_call={steps_per_call!r}"
+            )
+        if loss is None:
+            raise ConfigError(
+                "`loss` is required. Expected a Keras loss, its name (\"mse\") "
+                "or a function loss(y_true, y_pred)."
+            )
+        if run_eagerly and jit_compile is True:
+            raise ConfigError(
+                "`run_eagerly=True` runs plain Python, which XLA cannot compile. "
+                "Fix: pass jit_compile=False (or \"auto\") with run_eagerly=True."
+            )
+        self.model = model
+        # Keras resolves strings, wraps plain loss functions and builds the
+        # metric containers; tapeworks only runs the loop.
+        model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
+                      loss_weights=loss_weights, jit_compile=False)
+        self.optimizer = model.optimizer
+        self.seed = seed
+        self.run_eagerly = run_eagerly
+        self.allow_missing_gradients = allow_missing_gradients
+        self._jit_setting = jit_compile
+        self._steps_setting = steps_per_call
+        self._loss_tracker = keras.metrics.Mean(name="loss")
+        self._planner = None
+        self._loops = {}
+        self.traces = collections.Counter()
+        self.hooks = step.StepHooks()
+        self._built = False
+        self._announced = False
+
+    # Public results of "auto" ---------------------------------------------
+
+    @property
+    def jit_compile(self):
+        """XLA on (True) or off (False) as chosen; None while still measuring."""
+        choice = self._planner.choice if self._planner else None
+        if choice is not None:
+            return choice.jit_compile
+        return self._jit_setting if self._jit_setting != "auto" else None
+
+    @property
+    def steps_per_call(self):
+        """Steps per graph call as chosen; None while still measuring."""
+        choice = self._planner.choice if self._planner else None
+        if choice is not None:
+            return choice.steps_per_call
+        return self._steps_setting if self._steps_setting != "auto" else None
+
+    @property
+    def tuning(self):
+        """What "auto" measured and chose (a dict), or None before `fit`."""
+        return self._planner.report() if self._planner else None
+
+    # fit ----------------------------------------------------------------
+
+    def fit(self, data, epochs=1, steps_per_epoch=None, validation_data=None,
+            callbacks=None, verbose="auto", *, batch_size=None, shuffle=True,
+            initial_epoch=0, validation_batch_size=None):
+        """Trains the model.
+
+        Args:
+            data: a `tf.data.Dataset` of (x, y) or (x, y, sample_weight), a
+                tuple of NumPy arrays (with `batch_size`), or a generator.
+            epochs: index of the last epoch (as in Keras, with `initial_epoch`).
+            steps_per_epoch: steps in an epoch; None means "until the data
+                ends". When set, the data iterator carries over between epochs
+                and restarts when it runs out.
+            validation_data: evaluated after every epoch; results are logged
+                with a `val_` prefix.
+            callbacks: Keras callbacks.
+            verbose: 0 silent, 1 progress bar, 2 one line per epoch, "auto".
+            batch_size: batch size for NumPy inputs.
+            shuffle: reshuffle NumPy inputs every epoch.
+
+        Returns:
+            The `keras.callbacks.History` of the run.
+        """
+        verbose = resolve_verbose(verbose)
+        _check_epochs(epochs, initial_epoch, steps_per_epoch)
+        dataset = as_dataset(data, batch_size=batch_size, shuffle=shuffle, seed=self.seed)
+        guards.check_data_spec(dataset.element_spec, self.model, name="data")
+        val_dataset = None
+        if validation_data is not None:
+            val_dataset = as_dataset(validation_data, batch_size=validation_batch_size
+                                     or batch_size, name="validation_data")
+            guards.check_data_spec(val_dataset.element_spec, self.model,
+                                   name="validation_data")
+        self._build(dataset.element_spec)
+        if self._planner is None:
+            self._planner = autotune.CallPlanner(
+                self._jit_setting, self._steps_setting,
+                xla_available=not self.run_eagerly and _model_supports_xla(self.model),
+            )
+
+        steps_known = steps_per_epoch or _known_steps(dataset)
+        if steps_known:
+            self._planner.limit_steps(max(1, steps_known // 2))
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=False, model=self.model,
+            verbose=verbose, epochs=epochs, steps=steps_known,
+        )
+        self.model.stop_training = False
+        callback_list.on_train_begin()
+        iterator = None
+        logs = {}
+        for epoch in range(initial_epoch, epochs):
+            self._reset_metrics()
+            callback_list.on_epoch_begin(epoch)
+            progress = EpochProgress(epoch, epochs, steps_known, verbose)
+            if iterator is None or steps_per_epoch is None:
+                iterator = iter(dataset)
+            iterator, steps_done, samples_done, logs = self._train_epoch(
+                dataset, iterator, steps_per_epoch, callback_list, progress, epoch)
+            if steps_known is None and steps_per_epoch is None:
+                steps_known = steps_done
+            if steps_known:
+                self._planner.limit_steps(max(1, steps_known // 2))
+            epoch_logs = dict(logs)
+            if val_dataset is not None and not self.model.stop_training:
+                val_logs = self._evaluate_dataset(val_dataset, callback_list)
+                epoch_logs.update({"val_" + k: v for k, v in val_logs.items()})
+            progress.update(steps_done, samples_done, epoch_logs, finalize=True)
+            callback_list.on_epoch_end(epoch, epoch_logs)
+            logs = epoch_logs
+            if self.model.stop_training:
+                break
+        self._planner.finish_early()
+        self._announce_choice_once()
+        callback_list.on_train_end(logs)
+        return self.model.history
+
+    def _train_epoch(self, dataset, iterator, steps_per_epoch, callback_list,
+                     progress, epoch):
+        steps_done = samples_done = 0
+        logs = {}
+        restarted = False
+        while steps_per_epoch is None or steps_done < steps_per_epoch:
+            probe = self._planner.next_call()
+            num_steps = probe.steps
+            if steps_per_epoch is not None:
+                num_steps = min(num_steps, steps_per_epoch - steps_done)
+            callback_list.on_train_batch_begin(steps_done)
+            try:
+                ran, samples, call_logs, seconds = self._run_train_call(
+                    probe.jit, iterator, num_steps)
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+                if not (probe.jit and self._jit_setting == "auto"):
+                    raise
+                # XLA cannot compile this step: the call failed before any
+                # variable was assigned (only its first batch was drawn).
+                logger.warning("tapeworks: XLA failed (%s); continuing without it",
+                               str(error).splitlines()[0])
+                self._planner.drop_xla(error)
+                continue
+            if ran:
+                self._planner.record(probe, ran, samples, seconds)
+                self._announce_choice_once()
+                steps_done += ran
+                samples_done += samples
+                logs = call_logs
+                restarted = False
+                callback_list.on_train_batch_end(steps_done - 1, logs)
+                progress.update(steps_done, samples_done, logs)
+                if self.model.stop_training:
+                    break
+            if ran < num_steps:
+                # The data ran out.
+                if steps_per_epoch is None:
+                    break
+                if restarted:
+                    raise DataSpecError(_ran_out_message(epoch, steps_done, steps_per_epoch))
+                iterator = iter(dataset)
+                restarted = True
+        if steps_done == 0:
+            raise DataSpecError(_ran_out_message(epoch, 0, steps_per_epoch))
+        return iterator, steps_done, samples_done, logs
+
+    def _run_train_call(self, jit, iterator, num_steps):
+        loop = self._loop("train", jit)
+        start = time.perf_counter()
+        with guards.inside_step():
+            ran, samples, logs = loop(iterator, tf.constant(num_steps, tf.int64))
+        # Reading the results is the call's one host sync.
+        ran, samples = int(ran), int(samples)
+        logs = {k: float(v) for k, v in logs.items()}
+        return ran, samples, logs, time.perf_counter() - start
+
+    def _announce_choice_once(self):
+        if self._planner.choice is None or self._announced:
+            return
+        self._announced = True
+        choice = self._planner.choice
+        logger.info("tapeworks: jit_compile=%s, steps_per_call=%d (%s)",
+                    choice.jit_compile, choice.steps_per_call, choice.reason)
+
+    # evaluate / predict ---------------------------------------------------
+
+    def evaluate(self, data, *, batch_size=None, callbacks=None, verbose=0):
+        """Returns `{"loss": ..., <metric>: ...}` over all of `data`."""
+        dataset = as_dataset(data, batch_size=batch_size, name="data")
+        guards.check_data_spec(dataset.element_spec, self.model, name="data")
+        self._build(dataset.element_spec)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, model=self.model, verbose=resolve_verbose(verbose))
+        return self._evaluate_dataset(dataset, callback_list)
+
+    def _evaluate_dataset(self, dataset, callback_list):
+        self._reset_metrics()
+        loop = self._loop("test", self._inference_jit())
+        callback_list.on_test_begin()
+        iterator = iter(dataset)
+        steps = 0
+        logs = {}
+        while True:
+            callback_list.on_test_batch_begin(steps)
+            with guards.inside_step():
+                ran, _, call_logs = loop(iterator, tf.constant(EVAL_STEPS_PER_CALL, tf.int64))
+            ran = int(ran)
+            if ran:
+                steps += ran
+                logs = {k: float(v) for k, v in call_logs.items()}
+                callback_list.on_test_batch_end(steps - 1, logs)
+            if ran < EVAL_STEPS_PER_CALL:
+                break
+        callback_list.on_test_end(logs)
+        return logs
+
+    def predict(self, x, batch_size=None):
+        """Returns the model's outputs on `x` as NumPy (a dict/list for several outputs)."""
+        dataset = as_dataset(x, batch_size=batch_size, name="x")
+        guards.check_data_spec(dataset.element_spec, self.model, needs_targets=False,
+                               name="x")
+        self._build(dataset.element_spec, targets=False)
+        loop = self._predict_loop(dataset.element_spec)
+        iterator = iter(dataset)
+        chunks = []
+        while True:
+            with guards.inside_step():
+                ran, outputs = loop(iterator, tf.constant(EVAL_STEPS_PER_CALL, tf.int64))
+            if int(ran):
+                chunks.append(tf.nest.map_structure(lambda t: t.numpy(), outputs))
+            if int(ran) < EVAL_STEPS_PER_CALL:
+                break
+        if not chunks:
+            raise DataSpecError("`x` produced no batches. Expected at least one sample.")
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *chunks)
+
+    # Building -------------------------------------------------------------
+
+    def _build(self, element_spec, targets=True):
+        """Creates every variable (model, optimizer, metrics) before compiling.
+
+        A `tf.function` that creates variables is traced twice; creating them
+        up front keeps the training loop at one trace, which also makes
+        retracing visible in `self.traces`.
+        """
+        if self._built:
+            return
+        x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
+        if not self.model.built:
+            tf.function(lambda x: self.model(x, training=False)).get_concrete_function(x_spec)
+        if targets:
+            test = step.make_test_step(self.model, keras.metrics.Mean())
+            tf.function(test).get_concrete_function(element_spec)
+            self.optimizer.build(self.model.trainable_variables)
+            self._built = True
+
+    def _loop(self, kind, jit):
+        key = (kind, bool(jit))
+        if key not in self._loops:
+            if kind == "train":
+                one = step.make_train_step(
+                    self.model, self.optimizer, self._loss_tracker,
+                    allow_missing_gradients=self.allow_missing_gradients,
+                    hooks=self.hooks)
+            else:
+                one = step.make_test_step(self.model, self._loss_tracker)
+            one = self._count_traces(one, f"{kind}_step")
+            compiled = step.compile_step(one, jit_compile=jit, run_eagerly=self.run_eagerly)
+            results = step.metric_results(self._loss_tracker, self.model)
+            self._loops[key] = step.make_loop(compiled, results, run_eagerly=self.run_eagerly)
+        return self._loops[key]
+
+    def _predict_loop(self, element_spec):
+        key = ("predict", self._inference_jit())
+        if key not in self._loops:
+            one = self._count_traces(step.make_predict_step(self.model), "predict_step")
+            spec = tf.function(one).get_concrete_function(element_spec).structured_outputs
+            spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), spec)
+            self.traces["predict_step"] -= 1  # that trace only read the output spec
+            compiled = step.compile_step(one, jit_compile=key[1], run_eagerly=self.run_eagerly)
+            self._loops[key] = step.make_predict_loop(compiled, spec,
+                                                      run_eagerly=self.run_eagerly)
+        return self._loops[key]
+
+    def _count_traces(self, fn, name):
+        def counted(*args):
+            if not tf.executing_eagerly():
+                self.traces[name] += 1
+            return fn(*args)
+
+        return counted
+
+    def _inference_jit(self):
+        if self.run_eagerly:
+            return False
+        chosen = self.jit_compile
+        return bool(chosen) if chosen is not None else False
+
+    def _reset_metrics(self):
+        self._loss_tracker.reset_state()
+        self.model.reset_metrics()
+
+
+def _model_supports_xla(model):
+    return all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers())
+
+
+def _known_steps(dataset):
+    cardinality = int(dataset.cardinality())
+    return cardinality if cardinality > 0 else None
+
+
+def _check_epochs(epochs, initial_epoch, steps_per_epoch):
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"`epochs` must be an integer >= 1. Received: epochs={epochs!r}")
+    if not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epochs:
+        raise ConfigError(
+            "`initial_epoch` must be an integer in [0, epochs). Received: "
+            f"initial_epoch={initial_epoch!r}, epochs={epochs}"
+        )
+    if steps_per_epoch is not None and not (
+            isinstance(steps_per_epoch, int) and steps_per_epoch >= 1):
+        raise ConfigError(
+            "`steps_per_epoch` must be None or an integer >= 1. Received: "
+            f"steps_per_epoch={steps_per_epoch!r}"
+        )
+
+
+def _ran_out_message(epoch, steps_done, steps_per_epoch):
+    wanted = f"{steps_per_epoch} steps" if steps_per_epoch else "at least one step"
+    return (
+        f"The training data ran out in epoch {epoch + 1} after {steps_done} "
+        f"step(s); expected {wanted}. A Python generator object can be read "
+        "only once. Fix: pass a tf.data.Dataset or NumPy arrays, a function "
+        "that returns a fresh generator, or an endless generator with "
+        "`steps_per_epoch`."
+    )
