@@ -156,9 +156,9 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
     if len(x_flat) != len(inputs):
         raise DataSpecError(
             f"`{name}` gives the model {len(x_flat)} input tensor(s) "
-            f"({_describe(x_spec)}) but `{model.name}` expects "
-            f"{len(inputs)}: {_describe_inputs(inputs)}. Fix: yield x with "
-            "one tensor per model input."
+            f"({_describe(x_spec)}). Expected {len(inputs)}, the inputs of "
+            f"`{model.name}`: {_describe_inputs(inputs)}. Fix: yield x with "
+            "one tensor per model input, in the order of `model.inputs`."
         )
     for i, (spec, expected) in enumerate(zip(x_flat, inputs)):
         if not isinstance(spec, tf.TensorSpec):

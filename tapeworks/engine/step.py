@@ -99,37 +99,51 @@ def make_predict_step(model):
 
 
 def compile_step(step, *, jit_compile, run_eagerly):
-    """Layer 1: one step on one batch, as a `tf.function` (XLA if asked)."""
+    """Layer 1: one step on one batch, as a `tf.function` (XLA if asked).
+
+    AutoGraph is off here, as in Keras' own `one_step_on_data`: the step has
+    no Python control flow over tensors, and errors raised while tracing
+    (tapeworks' guards) then reach the caller as they were raised.
+    """
     if run_eagerly:
         return step
-    return tf.function(step, jit_compile=bool(jit_compile), reduce_retracing=True)
+    return tf.function(step, jit_compile=bool(jit_compile), reduce_retracing=True,
+                       autograph=False)
 
 
 def make_loop(one_step, results, *, run_eagerly, strategy=None):
     """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs)`.
 
-    `results()` returns the dict of metric tensors read once at the end of
-    the call: the call's only host sync.
+    Runs up to `num_steps` steps, fewer when the data ends. `results()`
+    returns the dict of metric tensors read once at the end of the call: the
+    call's only host sync.
     """
     strategy = strategy or tf.distribute.get_strategy()
 
     def loop(iterator, num_steps):
-        steps = tf.constant(0, tf.int64)
-        samples = tf.constant(0, tf.int64)
-        while steps < num_steps:
+        def body(steps, samples, exhausted):
             optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break
-            per_replica = strategy.run(one_step, args=(optional.get_value(),))
-            samples += strategy.reduce(
-                tf.distribute.ReduceOp.SUM, per_replica, axis=None
-            )
-            steps += 1
+
+            def run():
+                per_replica = strategy.run(one_step, args=(optional.get_value(),))
+                batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+                return steps + 1, samples + batch, tf.constant(False)
+
+            return tf.cond(optional.has_value(), run,
+                           lambda: (steps, samples, tf.constant(True)))
+
+        steps, samples, _ = tf.while_loop(
+            lambda steps, samples, exhausted: tf.logical_and(
+                steps < num_steps, tf.logical_not(exhausted)),
+            body,
+            (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False)),
+        )
         return steps, samples, results()
 
     if run_eagerly:
         return loop
-    return tf.function(loop)
+    # Explicit control flow instead of AutoGraph: see `compile_step`.
+    return tf.function(loop, autograph=False)
 
 
 def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
@@ -149,20 +163,30 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
             ),
             output_spec,
         )
-        steps = tf.constant(0, tf.int64)
-        while steps < num_steps:
+
+        def body(steps, exhausted, arrays):
             optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break
-            out = strategy.run(one_step, args=(optional.get_value(),))
-            index = tf.cast(steps, tf.int32)
-            arrays = tf.nest.map_structure(lambda a, t: a.write(index, t), arrays, out)
-            steps += 1
+
+            def run():
+                out = strategy.run(one_step, args=(optional.get_value(),))
+                index = tf.cast(steps, tf.int32)
+                written = tf.nest.map_structure(lambda a, t: a.write(index, t), arrays, out)
+                return steps + 1, tf.constant(False), written
+
+            return tf.cond(optional.has_value(), run,
+                           lambda: (steps, tf.constant(True), arrays))
+
+        steps, _, arrays = tf.while_loop(
+            lambda steps, exhausted, arrays: tf.logical_and(
+                steps < num_steps, tf.logical_not(exhausted)),
+            body,
+            (tf.constant(0, tf.int64), tf.constant(False), arrays),
+        )
         return steps, tf.nest.map_structure(lambda a: a.concat(), arrays)
 
     if run_eagerly:
         return loop
-    return tf.function(loop)
+    return tf.function(loop, autograph=False)
 
 
 def metric_results(loss_tracker, model):

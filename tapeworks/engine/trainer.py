@@ -338,13 +338,15 @@ class Trainer:
         if self._built:
             return
         x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
-        if not self.model.built:
-            tf.function(lambda x: self.model(x, training=False)).get_concrete_function(x_spec)
-        if targets:
-            test = step.make_test_step(self.model, keras.metrics.Mean())
-            tf.function(test).get_concrete_function(element_spec)
-            self.optimizer.build(self.model.trainable_variables)
-            self._built = True
+        with guards.inside_step():
+            if not self.model.built:
+                tf.function(lambda x: self.model(x, training=False)).get_concrete_function(
+                    x_spec)
+            if targets:
+                test = step.make_test_step(self.model, keras.metrics.Mean())
+                tf.function(test, autograph=False).get_concrete_function(element_spec)
+                self.optimizer.build(self.model.trainable_variables)
+                self._built = True
 
     def _loop(self, kind, jit):
         key = (kind, bool(jit))

@@ -1,0 +1,124 @@
+"""The planner that chooses XLA and steps per call, fed with synthetic timings.
+
+The costs are made up (call = overhead + steps * step time), so the expected
+choice can be worked out by hand; nothing here measures the machine.
+"""
+
+import numpy as np
+import pytest
+
+import tapeworks
+from tapeworks.engine.autotune import MAX_STEPS_PER_CALL, CallPlanner
+from tests.engine import models
+
+BATCH = 64
+
+
+def drive(planner, cost, calls=200, epoch_steps=None):
+    """Runs the planner against a cost model; returns the probes it asked for."""
+    asked = []
+    for _ in range(calls):
+        if not planner.tuning:
+            break
+        probe = planner.next_call()
+        asked.append(probe)
+        steps = probe.steps if epoch_steps is None else min(probe.steps, epoch_steps)
+        planner.record(probe, steps, steps * BATCH, cost(probe.jit, steps))
+    return asked
+
+
+def test_fixed_settings_need_no_measurement():
+    planner = CallPlanner(False, 4)
+    assert not planner.tuning
+    assert (planner.choice.jit_compile, planner.choice.steps_per_call) == (False, 4)
+
+
+def test_picks_faster_mode_and_amortises_overhead():
+    # XLA: 1 ms per step; tf.function: 2 ms per step; both 5 ms per call.
+    def cost(jit, steps):
+        return 0.005 + steps * (0.001 if jit else 0.002)
+
+    planner = CallPlanner("auto", "auto")
+    asked = drive(planner, cost)
+    assert planner.choice.jit_compile is True
+    # Overhead 5 ms must fall under 2% of the call: n >= 0.005 / (0.02 * 0.001) = 250.
+    assert planner.choice.steps_per_call == 250
+    # The probes alternate modes rather than running one mode's repeats in a row.
+    timed = [p.jit for p in asked if p.timed][:4]
+    assert timed == [False, False, True, True]
+
+
+def test_never_keeps_a_choice_slower_than_one_step_tf_function():
+    # The search phase says XLA with many steps wins, but when checked against
+    # the baseline in alternating calls XLA turns out slower (say, a
+    # recompilation on every call): the planner must fall back.
+    state = {"verifying": False}
+
+    def cost(jit, steps):
+        if state["verifying"] and jit:
+            return 10.0
+        return 0.005 + steps * (0.001 if jit else 0.002)
+
+    planner = CallPlanner("auto", "auto")
+    while planner.tuning and planner._candidate is None:
+        probe = planner.next_call()
+        planner.record(probe, probe.steps, probe.steps * BATCH, cost(probe.jit, probe.steps))
+    state["verifying"] = True
+    drive(planner, cost)
+    assert (planner.choice.jit_compile, planner.choice.steps_per_call) == (False, 1)
+    assert "not faster" in planner.choice.reason
+
+
+def test_steps_are_capped_by_half_an_epoch_and_call_length():
+    def cost(jit, steps):
+        return 0.01 + steps * 0.0001
+
+    planner = CallPlanner(False, "auto")
+    planner.limit_steps(20)
+    drive(planner, cost, epoch_steps=40)
+    assert planner.choice.steps_per_call == 20
+
+    slow = CallPlanner(False, "auto")
+    drive(slow, lambda jit, steps: 0.01 + steps * 0.4)  # 0.4 s per step
+    assert slow.choice.steps_per_call == 2  # 1 s per call at most
+    assert MAX_STEPS_PER_CALL >= 250
+
+
+def test_cut_short_calls_are_not_measured():
+    planner = CallPlanner(False, "auto")
+    # Every call of 8 steps is cut to 5 by the end of the data: those are
+    # retried, then given up; the choice rests on full calls only.
+    drive(planner, lambda jit, steps: 0.001 * steps, epoch_steps=5)
+    report = planner.report()
+    assert "jit=False,steps=8" not in report["measured"]
+    assert planner.choice is not None
+
+
+def test_xla_failure_falls_back():
+    planner = CallPlanner("auto", 4)
+    planner.drop_xla(RuntimeError("no kernel"))
+    assert all(not p.jit for p in planner._queue)
+    assert "XLA could not compile" in planner.report()["notes"][0]
+
+
+def test_trainer_auto_resolves_and_reports():
+    x, y = models.regression_data(n=2000)
+    trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse", seed=0)
+    assert trainer.tuning is None
+    trainer.fit((x, y), batch_size=10, epochs=2, verbose=0)
+    tuning = trainer.tuning
+    assert trainer.jit_compile in (True, False)
+    assert 1 <= trainer.steps_per_call <= 100
+    assert tuning["jit_compile"] == trainer.jit_compile
+    assert "jit=False,steps=1" in tuning["measured"]
+    # Measuring spent real training steps, none twice or lost.
+    assert int(trainer.optimizer.iterations) == 2 * 200
+    # One trace per mode that was tried, whatever the steps per call.
+    assert trainer.traces["train_step"] <= 2
+    assert np.isfinite(trainer.evaluate((x, y), batch_size=100)["loss"])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "many"])
+def test_bad_steps_per_call(bad):
+    with pytest.raises(tapeworks.ConfigError, match="steps_per_call"):
+        tapeworks.Trainer(models.sequential(), "sgd", "mse", steps_per_call=bad)
