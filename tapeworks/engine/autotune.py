@@ -98,7 +98,8 @@ class CallPlanner:
         """Records one finished call; advances the schedule."""
         if self.choice is not None:
             return
-        self._queue.pop(0)
+        if self._queue and self._queue[0] == probe:
+            self._queue.pop(0)
         full = steps_run == probe.steps and samples > 0
         if full and self._reference_batch is None and probe.timed:
             self._reference_batch = samples / steps_run
@@ -152,7 +153,8 @@ class CallPlanner:
     # Schedule -----------------------------------------------------------
 
     def _search_schedule(self):
-        warmups = [Probe(m, self._step_options[0], timed=False) for m in self._modes]
+        # A mode's first call traces and compiles it: one step, not timed.
+        warmups = [Probe(m, 1, timed=False) for m in self._modes]
         rounds = [Probe(m, n) for _ in range(ROUNDS) for m in self._modes
                   for n in self._step_options]
         return warmups + rounds

@@ -106,6 +106,8 @@ class Trainer:
         self._loops = {}
         self.traces = collections.Counter()
         self.hooks = step.StepHooks()
+        self._strategy = tf.distribute.get_strategy()
+        self._results = step.metric_results(self._loss_tracker, model)
         self._built = False
         self._announced = False
 
@@ -221,18 +223,7 @@ class Trainer:
             if steps_per_epoch is not None:
                 num_steps = min(num_steps, steps_per_epoch - steps_done)
             callback_list.on_train_batch_begin(steps_done)
-            try:
-                ran, samples, call_logs, seconds = self._run_train_call(
-                    probe.jit, iterator, num_steps)
-            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-                if not (probe.jit and self._jit_setting == "auto"):
-                    raise
-                # XLA cannot compile this step: the call failed before any
-                # variable was assigned (only its first batch was drawn).
-                logger.warning("tapeworks: XLA failed (%s); continuing without it",
-                               str(error).splitlines()[0])
-                self._planner.drop_xla(error)
-                continue
+            ran, samples, call_logs, seconds = self._run_train_call(probe, iterator, num_steps)
             if ran:
                 self._planner.record(probe, ran, samples, seconds)
                 self._announce_choice_once()
@@ -256,8 +247,10 @@ class Trainer:
             raise DataSpecError(_ran_out_message(epoch, 0, steps_per_epoch))
         return iterator, steps_done, samples_done, logs
 
-    def _run_train_call(self, jit, iterator, num_steps):
-        loop = self._loop("train", jit)
+    def _run_train_call(self, probe, iterator, num_steps):
+        if not probe.timed and self._planner.tuning:
+            return self._run_first_step(probe.jit, iterator)
+        loop = self._loop("train", probe.jit)
         start = time.perf_counter()
         with guards.inside_step():
             ran, samples, logs = loop(iterator, tf.constant(num_steps, tf.int64))
@@ -265,6 +258,33 @@ class Trainer:
         ran, samples = int(ran), int(samples)
         logs = {k: float(v) for k, v in logs.items()}
         return ran, samples, logs, time.perf_counter() - start
+
+    def _run_first_step(self, jit, iterator):
+        """A mode's first (untimed) call while tuning: one step on a batch drawn here.
+
+        Drawing the batch outside the compiled loop means that when XLA
+        cannot compile the step (an op without an XLA kernel, found only when
+        the step first runs), the same batch is trained on without XLA:
+        measuring never loses data.
+        """
+        optional = iterator.get_next_as_optional()
+        if not optional.has_value():
+            return 0, 0, {}, 0.0
+        batch = optional.get_value()
+        start = time.perf_counter()
+        with guards.inside_step():
+            try:
+                samples = self._strategy.run(self._step("train", jit), args=(batch,))
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+                if not jit or self._jit_setting != "auto":
+                    raise
+                logger.warning("tapeworks: XLA cannot compile this step (%s); "
+                               "using tf.function", _first_line(error))
+                self._planner.drop_xla(error)
+                samples = self._strategy.run(self._step("train", False), args=(batch,))
+            samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
+            logs = {k: float(v) for k, v in self._results().items()}
+        return 1, int(samples), logs, time.perf_counter() - start
 
     def _announce_choice_once(self):
         if self._planner.choice is None or self._announced:
@@ -348,8 +368,9 @@ class Trainer:
                 self.optimizer.build(self.model.trainable_variables)
                 self._built = True
 
-    def _loop(self, kind, jit):
-        key = (kind, bool(jit))
+    def _step(self, kind, jit):
+        """One compiled step ("train" or "test"), cached per XLA setting."""
+        key = (kind + "_step", bool(jit))
         if key not in self._loops:
             if kind == "train":
                 one = step.make_train_step(
@@ -359,9 +380,17 @@ class Trainer:
             else:
                 one = step.make_test_step(self.model, self._loss_tracker)
             one = self._count_traces(one, f"{kind}_step")
-            compiled = step.compile_step(one, jit_compile=jit, run_eagerly=self.run_eagerly)
-            results = step.metric_results(self._loss_tracker, self.model)
-            self._loops[key] = step.make_loop(compiled, results, run_eagerly=self.run_eagerly)
+            self._loops[key] = step.compile_step(one, jit_compile=jit,
+                                                 run_eagerly=self.run_eagerly)
+        return self._loops[key]
+
+    def _loop(self, kind, jit):
+        """N steps per call over an iterator, cached per XLA setting."""
+        key = (kind, bool(jit))
+        if key not in self._loops:
+            self._loops[key] = step.make_loop(self._step(kind, jit), self._results,
+                                              run_eagerly=self.run_eagerly,
+                                              strategy=self._strategy)
         return self._loops[key]
 
     def _predict_loop(self, element_spec):
@@ -397,6 +426,11 @@ class Trainer:
 
 def _model_supports_xla(model):
     return all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers())
+
+
+def _first_line(error):
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0][:200] if lines else type(error).__name__
 
 
 def _known_steps(dataset):

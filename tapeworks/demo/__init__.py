@@ -1,0 +1,1 @@
+"""The super-resolution demo that `tapeworks demo` runs."""
