@@ -193,7 +193,8 @@ class Trainer:
             if iterator is None or steps_per_epoch is None:
                 iterator = iter(dataset)
             iterator, steps_done, samples_done, logs = self._train_epoch(
-                dataset, iterator, steps_per_epoch, callback_list, progress, epoch)
+                dataset, iterator, steps_per_epoch, steps_known, callback_list, progress,
+                epoch)
             if steps_known is None and steps_per_epoch is None:
                 steps_known = steps_done
             if steps_known:
@@ -212,7 +213,7 @@ class Trainer:
         callback_list.on_train_end(logs)
         return self.model.history
 
-    def _train_epoch(self, dataset, iterator, steps_per_epoch, callback_list,
+    def _train_epoch(self, dataset, iterator, steps_per_epoch, epoch_steps, callback_list,
                      progress, epoch):
         steps_done = samples_done = 0
         logs = {}
@@ -220,12 +221,14 @@ class Trainer:
         while steps_per_epoch is None or steps_done < steps_per_epoch:
             probe = self._planner.next_call()
             num_steps = probe.steps
-            if steps_per_epoch is not None:
-                num_steps = min(num_steps, steps_per_epoch - steps_done)
+            if epoch_steps:
+                # Never ask past the end of the epoch: a call that fits is
+                # measured whole.
+                num_steps = max(1, min(num_steps, epoch_steps - steps_done))
             callback_list.on_train_batch_begin(steps_done)
             ran, samples, call_logs, seconds = self._run_train_call(probe, iterator, num_steps)
             if ran:
-                self._planner.record(probe, ran, samples, seconds)
+                self._planner.record(probe, num_steps, ran, samples, seconds)
                 self._announce_choice_once()
                 steps_done += ran
                 samples_done += samples
@@ -248,7 +251,7 @@ class Trainer:
         return iterator, steps_done, samples_done, logs
 
     def _run_train_call(self, probe, iterator, num_steps):
-        if not probe.timed and self._planner.tuning:
+        if probe.first:
             return self._run_first_step(probe.jit, iterator)
         loop = self._loop("train", probe.jit)
         start = time.perf_counter()
@@ -281,7 +284,8 @@ class Trainer:
                 logger.warning("tapeworks: XLA cannot compile this step (%s); "
                                "using tf.function", _first_line(error))
                 self._planner.drop_xla(error)
-                samples = self._strategy.run(self._step("train", False), args=(batch,))
+                jit = False
+                samples = self._strategy.run(self._step("train", jit), args=(batch,))
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
             logs = {k: float(v) for k, v in self._results().items()}
         return 1, int(samples), logs, time.perf_counter() - start

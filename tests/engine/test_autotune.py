@@ -23,7 +23,7 @@ def drive(planner, cost, calls=200, epoch_steps=None):
         probe = planner.next_call()
         asked.append(probe)
         steps = probe.steps if epoch_steps is None else min(probe.steps, epoch_steps)
-        planner.record(probe, steps, steps * BATCH, cost(probe.jit, steps))
+        planner.record(probe, probe.steps, steps, steps * BATCH, cost(probe.jit, steps))
     return asked
 
 
@@ -44,7 +44,7 @@ def test_picks_faster_mode_and_amortises_overhead():
     # Overhead 5 ms must fall under 2% of the call: n >= 0.005 / (0.02 * 0.001) = 250.
     assert planner.choice.steps_per_call == 250
     # The probes alternate modes rather than running one mode's repeats in a row.
-    timed = [p.jit for p in asked if p.timed][:4]
+    timed = [p.jit for p in asked if p.kind == "timed"][:4]
     assert timed == [False, False, True, True]
 
 
@@ -62,7 +62,8 @@ def test_never_keeps_a_choice_slower_than_one_step_tf_function():
     planner = CallPlanner("auto", "auto")
     while planner.tuning and planner._candidate is None:
         probe = planner.next_call()
-        planner.record(probe, probe.steps, probe.steps * BATCH, cost(probe.jit, probe.steps))
+        planner.record(probe, probe.steps, probe.steps, probe.steps * BATCH,
+                       cost(probe.jit, probe.steps))
     state["verifying"] = True
     drive(planner, cost)
     assert (planner.choice.jit_compile, planner.choice.steps_per_call) == (False, 1)
@@ -97,7 +98,7 @@ def test_cut_short_calls_are_not_measured():
 def test_xla_failure_falls_back():
     planner = CallPlanner("auto", 4)
     planner.drop_xla(RuntimeError("no kernel"))
-    assert all(not p.jit for p in planner._queue)
+    assert all(not planner.next_call().jit for _ in range(3))
     assert "XLA could not compile" in planner.report()["notes"][0]
 
 
@@ -113,8 +114,12 @@ def test_trainer_auto_resolves_and_reports():
     assert "jit=False,steps=1" in tuning["measured"]
     # Measuring spent real training steps, none twice or lost.
     assert int(trainer.optimizer.iterations) == 2 * 200
-    # One trace per mode that was tried, whatever the steps per call.
-    assert trainer.traces["train_step"] <= 2
+    # Each mode tried is traced twice (its first step alone, then inside the
+    # loop), whatever the steps per call; later fits trace nothing new.
+    assert trainer.traces["train_step"] <= 4
+    traces = dict(trainer.traces)
+    trainer.fit((x, y), batch_size=10, verbose=0)
+    assert dict(trainer.traces) == traces
     assert np.isfinite(trainer.evaluate((x, y), batch_size=100)["loss"])
 
 

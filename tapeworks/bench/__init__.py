@@ -1,0 +1,1 @@
+"""Benchmarks: named scenarios, an alternating timing harness and a report writer."""

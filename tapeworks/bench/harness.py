@@ -1,0 +1,117 @@
+"""Runs a named scenario and writes its report: Markdown, JSON and a PNG chart."""
+
+import dataclasses
+import datetime
+import importlib
+import json
+import os
+import platform
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    module: str
+    description: str
+
+    def run(self, quick, repeats):
+        return importlib.import_module(self.module).run(quick=quick, repeats=repeats)
+
+
+def _scenario(name):
+    module = f"tapeworks.bench.scenarios.{name}"
+    return Scenario(name, module, importlib.import_module(module).DESCRIPTION)
+
+
+SCENARIOS = {s.name: s for s in (_scenario("loops"),)}
+
+
+def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
+    """Runs one scenario; returns {"markdown", "files", "result"}."""
+    result = SCENARIOS[name].run(quick, repeats)
+    result.update(
+        scenario=name, quick=quick, repeats_per_approach=repeats, command=command,
+        when=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        machine=machine_description(),
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    markdown = to_markdown(result)
+    paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("md", "json", "png")]
+    with open(paths[0], "w") as f:
+        f.write(markdown)
+    with open(paths[1], "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    write_chart(result, paths[2])
+    return {"markdown": markdown, "files": paths, "result": result}
+
+
+def machine_description():
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+    }
+
+
+def _format(value):
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def to_markdown(result):
+    columns = result["columns"]
+    lines = [f"# `{result['scenario']}` benchmark", ""]
+    if result.get("command"):
+        lines += [f"Command: `{result['command']}`", ""]
+    machine = result["machine"]
+    lines += [f"Run {result['when']} on {machine['cpu_count']} CPU(s) ({machine['processor']}), "
+              f"GPUs: {machine['gpus'] or 'none'}, TensorFlow {machine['tensorflow']}. "
+              f"Median of {result['repeats_per_approach']} alternating timed repeats per "
+              "approach after a warm-up; ratios are within this one run.", ""]
+    for fact, value in result.get("facts", {}).items():
+        lines.append(f"- {fact}: {_format(value)}")
+    lines += ["", "| " + " | ".join(title for _, title in columns) + " |",
+              "|" + "---|" * len(columns)]
+    for row in result["rows"]:
+        lines.append("| " + " | ".join(_format(row[key]) for key, _ in columns) + " |")
+    notes = [(row["approach"], row["size"] if "size" in row else "", row["notes"])
+             for row in result["rows"] if row.get("notes")]
+    if notes:
+        lines += ["", "Notes:"]
+        for approach, where, note in notes:
+            text = ", ".join(f"{k}={v}" for k, v in note.items())
+            lines.append(f"- {approach} ({where}): {text}")
+    return "\n".join(lines) + "\n"
+
+
+def write_chart(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chart = result["chart"]
+    groups = list(dict.fromkeys(row[chart["group"]] for row in result["rows"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        rows = [r for r in result["rows"] if r[chart["group"]] == group]
+        names = [r[chart["bar"]] for r in rows]
+        values = [r[chart["value"]] for r in rows]
+        ax.barh(range(len(rows)), values, color="#4c72b0")
+        ax.set_yticks(range(len(rows)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(group, fontsize=9)
+        ax.set_xlabel(chart["label"], fontsize=8)
+        for i, v in enumerate(values):
+            ax.text(v, i, f" {v:.2f}x", va="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

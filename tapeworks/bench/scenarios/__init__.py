@@ -1,0 +1,1 @@
+"""Benchmark scenarios; each module exposes `SCENARIO`."""

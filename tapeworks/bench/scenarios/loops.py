@@ -1,0 +1,176 @@
+"""Scenario `loops`: the same MLP trained by six different training loops.
+
+Compares tapeworks' defaults with Keras `fit` (default and tuned), a
+hand-written `tf.function` loop, an eager loop and a `train_on_batch` loop,
+on a small and a large MLP. Achieved GFLOP/s is set against the float32
+matmul peak measured in the same run.
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tapeworks.bench.peak import matmul_peak_gflops
+from tapeworks.bench.timing import Approach, alternate
+from tapeworks.engine import Trainer
+
+BASELINE = "keras fit (defaults)"
+
+
+@dataclasses.dataclass
+class MLPSize:
+    name: str
+    widths: tuple     # input, hidden..., output
+    batch: int
+    steps: int        # steps per timed repeat (fewer for the eager loops)
+    slow_steps: int
+
+    def macs_per_sample(self):
+        return sum(a * b for a, b in zip(self.widths[:-1], self.widths[1:]))
+
+
+SIZES = [
+    MLPSize("small MLP 32-64-64-10, batch 64", (32, 64, 64, 10), 64, 400, 40),
+    MLPSize("large MLP 512-2048-2048-10, batch 256", (512, 2048, 2048, 10), 256, 40, 10),
+]
+QUICK_SIZES = [
+    MLPSize("small MLP 32-64-64-10, batch 64", (32, 64, 64, 10), 64, 40, 4),
+    MLPSize("large MLP (quick: 64-256-256-10), batch 64", (64, 256, 256, 10), 64, 20, 4),
+]
+
+
+def build_mlp(widths, seed=0):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((widths[0],))]
+    layers += [keras.layers.Dense(w, activation="relu") for w in widths[1:-1]]
+    layers += [keras.layers.Dense(widths[-1])]
+    return keras.Sequential(layers)
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _data(size, steps):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(steps * size.batch, size.widths[0])).astype("float32")
+    y = rng.integers(0, size.widths[-1], steps * size.batch).astype("int32")
+    return x, y
+
+
+def approaches(size):
+    """The six loops, each on its own copy of the same model and data."""
+    x, y = _data(size, size.steps)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(size.batch).cache()
+    sx, sy = _data(size, size.slow_steps)
+    slow_dataset = tf.data.Dataset.from_tensor_slices((sx, sy)).batch(size.batch).cache()
+    samples, slow_samples = len(x), len(sx)
+    out = []
+
+    trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss())
+
+    def tapeworks_setup():
+        # "auto" measures its first calls; train until it has chosen, and
+        # record what that cost, as part of the results.
+        epochs = 0
+        while trainer.steps_per_call is None or trainer.jit_compile is None or epochs < 2:
+            trainer.fit(dataset, verbose=0)
+            epochs += 1
+            if epochs > 20:
+                break
+        tuning = trainer.tuning
+        return {"jit_compile": tuning["jit_compile"], "steps_per_call": tuning["steps_per_call"],
+                "reason": tuning["reason"], "tuning_epochs": epochs}
+
+    out.append(Approach("tapeworks (defaults)", lambda: (trainer.fit(dataset, verbose=0),
+                                                         samples)[1], setup=tapeworks_setup))
+
+    def keras_fit(jit_compile, steps_per_execution):
+        model = build_mlp(size.widths)
+        model.compile(keras.optimizers.Adam(1e-3), _loss(), jit_compile=jit_compile,
+                      steps_per_execution=steps_per_execution)
+        return lambda: (model.fit(dataset, verbose=0), samples)[1]
+
+    out.append(Approach(BASELINE, keras_fit("auto", 1)))
+    out.append(Approach("keras fit (jit_compile=True, steps_per_execution=32)",
+                        keras_fit(True, 32)))
+
+    def tape_step(model, optimizer, loss_fn):
+        def step(bx, by):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(by, model(bx, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return step
+
+    model = build_mlp(size.widths)
+    compiled = tf.function(tape_step(model, keras.optimizers.Adam(1e-3), _loss()))
+
+    def hand_written():
+        for bx, by in dataset:
+            compiled(bx, by)
+        float(model.trainable_variables[0][0, 0])  # wait for the last step
+        return samples
+
+    out.append(Approach("hand-written tf.function loop", hand_written))
+
+    eager_model = build_mlp(size.widths)
+    eager = tape_step(eager_model, keras.optimizers.Adam(1e-3), _loss())
+
+    def eager_loop():
+        for bx, by in slow_dataset:
+            eager(bx, by)
+        return slow_samples
+
+    out.append(Approach("eager loop", eager_loop))
+
+    tob_model = build_mlp(size.widths)
+    tob_model.compile(keras.optimizers.Adam(1e-3), _loss())
+    batches = [(sx[i:i + size.batch], sy[i:i + size.batch])
+               for i in range(0, slow_samples, size.batch)]
+
+    def train_on_batch_loop():
+        for bx, by in batches:
+            tob_model.train_on_batch(bx, by)
+        return slow_samples
+
+    out.append(Approach("train_on_batch loop", train_on_batch_loop))
+    return out
+
+
+def run(quick=False, repeats=5):
+    sizes = QUICK_SIZES if quick else SIZES
+    peak = matmul_peak_gflops(size=512 if quick else 2048, repeats=3 if quick else 5)
+    rows = []
+    for size in sizes:
+        results = alternate(approaches(size), repeats)
+        base = results[BASELINE]["samples_per_s"]
+        flops_per_sample = 6 * size.macs_per_sample()  # forward 2, backward 4 per MAC
+        for name, result in results.items():
+            gflops = result["samples_per_s"] * flops_per_sample / 1e9
+            rows.append({
+                "size": size.name,
+                "approach": name,
+                "samples_per_s": result["samples_per_s"],
+                "vs_keras_fit": result["samples_per_s"] / base,
+                "gflops": gflops,
+                "pct_of_peak": 100 * gflops / peak,
+                "repeats": result["runs"],
+                "notes": result["notes"],
+            })
+    return {
+        "columns": [("size", "model"), ("approach", "approach"),
+                    ("samples_per_s", "samples/s"), ("vs_keras_fit", "x Keras fit default"),
+                    ("gflops", "GFLOP/s"), ("pct_of_peak", "% of matmul peak")],
+        "rows": rows,
+        "facts": {"float32 matmul peak (GFLOP/s)": peak},
+        "chart": {"group": "size", "bar": "approach", "value": "vs_keras_fit",
+                  "label": "throughput relative to Keras fit (defaults)"},
+    }
+
+
+DESCRIPTION = ("MLPs trained by tapeworks, Keras fit (default, tuned), a tf.function loop, "
+               "an eager loop and train_on_batch")

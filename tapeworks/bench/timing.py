@@ -1,0 +1,58 @@
+"""Alternating, repeated timing: the one way tapeworks measures throughput.
+
+All approaches of a scenario run in the same process on the same data. Each
+is warmed up first (tracing, compiling, auto-tuning), then the timed repeats
+go round-robin, the order rotating every round, so that a noisy neighbour
+or a thermal drift hits every approach alike. Medians, not means.
+"""
+
+import dataclasses
+import statistics
+import time
+
+
+@dataclasses.dataclass
+class Approach:
+    """One way of doing the same work.
+
+    `run()` does one repeat's worth of work and returns the number of samples
+    it processed. `setup()`, if given, runs once before the warm-up and may
+    return notes (a dict) to keep with the results.
+    """
+
+    name: str
+    run: callable
+    setup: callable = None
+    warmups: int = 1
+
+
+def alternate(approaches, repeats):
+    """Returns {name: {"samples_per_s": median, "runs": [...], "notes": {...}}}."""
+    results = {}
+    for approach in approaches:
+        notes = approach.setup() if approach.setup else None
+        for _ in range(approach.warmups):
+            approach.run()
+        results[approach.name] = {"runs": [], "notes": notes or {}}
+    for round_index in range(repeats):
+        shift = round_index % len(approaches)
+        for approach in approaches[shift:] + approaches[:shift]:
+            start = time.perf_counter()
+            samples = approach.run()
+            seconds = time.perf_counter() - start
+            results[approach.name]["runs"].append(samples / seconds)
+    for result in results.values():
+        result["samples_per_s"] = statistics.median(result["runs"])
+    return results
+
+
+def median_seconds(fn, repeats, warmups=1):
+    """Median wall time of `fn()` over `repeats` calls after `warmups` calls."""
+    for _ in range(warmups):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
