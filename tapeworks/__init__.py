@@ -1,24 +1,34 @@
-"""tapeworks: fast, correct and debuggable training for TensorFlow 2 / Keras 3."""
+"""tapeworks: fast, correct and debuggable training for TensorFlow 2 / Keras 3.
 
-from tapeworks.engine import StepHooks, Trainer
-from tapeworks.errors import (
-    ConfigError,
-    DataSpecError,
-    KerasLoopInStepError,
-    LossError,
-    MissingGradientError,
-    TapeworksError,
-)
+Names are imported on first use (PEP 562), so that `tapeworks --help` and the
+CLI can configure TensorFlow's logging before TensorFlow is imported.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ConfigError",
-    "DataSpecError",
-    "KerasLoopInStepError",
-    "LossError",
-    "MissingGradientError",
-    "StepHooks",
-    "TapeworksError",
-    "Trainer",
-]
+_EXPORTS = {
+    "Trainer": "tapeworks.engine.trainer",
+    "StepHooks": "tapeworks.engine.step",
+    "TapeworksError": "tapeworks.errors",
+    "ConfigError": "tapeworks.errors",
+    "DataSpecError": "tapeworks.errors",
+    "KerasLoopInStepError": "tapeworks.errors",
+    "LossError": "tapeworks.errors",
+    "MissingGradientError": "tapeworks.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tapeworks' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

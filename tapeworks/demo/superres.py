@@ -40,7 +40,7 @@ class DemoConfig:
 
     @classmethod
     def quick(cls):
-        return cls(patches=512, epochs=1, width=16)
+        return cls(patches=4096, epochs=1, width=16)
 
 
 def luminance(rgb):

@@ -10,6 +10,7 @@ as in `model.fit`.
 
 import collections
 import logging
+import re
 import time
 
 import keras
@@ -282,7 +283,7 @@ class Trainer:
                 if not jit or self._jit_setting != "auto":
                     raise
                 logger.warning("tapeworks: XLA cannot compile this step (%s); "
-                               "using tf.function", _first_line(error))
+                               "using tf.function", _xla_failure(error))
                 self._planner.drop_xla(error)
                 jit = False
                 samples = self._strategy.run(self._step("train", jit), args=(batch,))
@@ -432,9 +433,13 @@ def _model_supports_xla(model):
     return all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers())
 
 
-def _first_line(error):
+def _xla_failure(error):
+    """A one-line reason from XLA's long compile error."""
+    ops = re.findall(r"JIT: ([\w, ]+?) \(No registered", str(error))
+    if ops:
+        return f"no XLA kernel for {ops[0]}"
     lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0][:200] if lines else type(error).__name__
+    return lines[0][:160] if lines else type(error).__name__
 
 
 def _known_steps(dataset):

@@ -1,0 +1,73 @@
+"""The `tapeworks` command line, run as a real process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def tapeworks(*args, cwd=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "tapeworks.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.parametrize("verb", [[], ["demo"], ["bench"]])
+def test_help(verb):
+    result = tapeworks(*verb, "--help")
+    assert result.returncode == 0
+    assert "usage: tapeworks" in result.stdout
+
+
+def test_no_verb_is_a_usage_error():
+    result = tapeworks()
+    assert result.returncode == 2
+    assert "VERB" in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_quick(tmp_path):
+    out = tmp_path / "demo"
+    result = tapeworks("demo", "--quick", "--quiet", "--out", str(out),
+                       "--json", str(tmp_path / "demo.json"))
+    assert result.returncode == 0, result.stderr
+    assert "PSNR" in result.stdout and "bicubic" in result.stdout
+    assert (out / "comparison.png").stat().st_size > 10_000
+    events = [f for _, _, files in os.walk(out / "logs") for f in files]
+    assert any(f.startswith("events.out.tfevents") for f in events)
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    # Even the quick run (one short epoch) must not be worse than bicubic.
+    assert summary["psnr_network"] > summary["psnr_bicubic"]
+    assert summary["tuning"]["jit_compile"] in (True, False)
+
+
+@pytest.mark.slow
+def test_bench_quick(tmp_path):
+    result = tapeworks("bench", "loops", "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "loops.json").read_text())
+    approaches = {row["approach"] for row in report["rows"]}
+    assert approaches == {
+        "tapeworks (defaults)", "keras fit (defaults)",
+        "keras fit (jit_compile=True, steps_per_execution=32)",
+        "hand-written tf.function loop", "eager loop", "train_on_batch loop"}
+    assert all(len(row["repeats"]) == 3 and row["samples_per_s"] > 0 for row in report["rows"])
+    baseline = [r for r in report["rows"] if r["approach"] == "keras fit (defaults)"]
+    assert all(r["vs_keras_fit"] == 1.0 for r in baseline)
+    assert report["facts"]["float32 matmul peak (GFLOP/s)"] > 0
+    assert "tapeworks bench loops --quick" in (tmp_path / "loops.md").read_text()
+    assert (tmp_path / "loops.png").stat().st_size > 5_000
+
+
+def test_bench_rejects_unknown_scenario_and_few_repeats(tmp_path):
+    result = tapeworks("bench", "nosuch", "--out", str(tmp_path))
+    assert result.returncode == 2 and "unknown scenario" in result.stderr
+    result = tapeworks("bench", "loops", "--repeats", "2", "--out", str(tmp_path))
+    assert result.returncode == 2 and "--repeats must be >= 3" in result.stderr
+    assert not (tmp_path / "loops.json").exists()
+
+
+def test_bench_list():
+    result = tapeworks("bench", "--list")
+    assert result.returncode == 0 and result.stdout.startswith("loops")
