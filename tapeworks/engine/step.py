@@ -1,8 +1,10 @@
 """The training, evaluation and prediction steps, and the loop that runs N of them per call.
 
-Read top to bottom, a training step is: forward under a tape -> loss ->
-gradients -> checks -> apply -> metrics. The compiled function is built in
-layers, as Keras' `make_train_function` does:
+Read top to bottom, a training step is: forward under a tape -> loss (float32)
+-> scale (precision plugin) -> gradients -> checks -> unscale -> accumulate or
+apply; an update is: clip -> hooks -> optimizer, or a skip when a loss-scaled
+window overflowed. The compiled function is built in layers, as Keras'
+`make_train_function` does:
 
 1. `step_on_data(batch)`: one step, compiled alone so XLA can take it whole
    (the iterator ops around it cannot go through XLA);
@@ -12,16 +14,18 @@ layers, as Keras' `make_train_function` does:
    it never retraces (Orbit's rule).
 
 Losses and metrics accumulate in Keras metric variables inside the graph; the
-host reads them once per call.
+host reads them once per call. Accumulators, the micro-step counter and the
+loss scale are variables too (`UpdateState`, the precision plugin), so a
+checkpoint taken mid-window restores mid-window.
 
 Per-step checks (numerics, gradient monitors) plug in at `StepHooks`: each hook
-sees the loss and the (gradient, variable) pairs of every step, in the graph.
+sees the loss and the (gradient, variable) pairs of every update, in the graph.
 """
 
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import guards
+from tapeworks.engine import guards, precision as precision_lib
 from tapeworks.engine.data_adapter import batch_size_of
 
 
@@ -39,15 +43,118 @@ class StepHooks:
         return grads_and_vars
 
 
-def make_train_step(model, optimizer, loss_tracker, *, allow_missing_gradients=False,
-                    hooks=None):
-    """Returns `step(batch) -> batch size` that trains `model` on one batch."""
+class UpdateState(tf.Module):
+    """Gradient accumulation state, in variables (optax's `MultiSteps`, as a tf.Module).
+
+    `gradients[i]` holds the sum over the window of each micro-batch's
+    gradient times its number of samples; `samples` holds that number, so the
+    update `gradients / samples` is the gradient of the mean loss over every
+    sample of the window, whatever the sizes of its micro-batches.
+    """
+
+    def __init__(self, variables, accumulate):
+        super().__init__(name="update_state")
+        self.accumulate = accumulate
+        self.micro_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
+        self.samples = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="samples")
+        self.window_finite = tf.Variable(True, trainable=False, name="window_finite")
+        self.gradients = [
+            tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
+                        name="accumulated_" + v.name.replace("/", "_").replace(":", "_"))
+            for v in variables
+        ]
+
+    def has_pending(self):
+        return self.micro_step > 0
+
+
+class Updater:
+    """Applies (or skips) optimizer updates: clipping, accumulation windows, loss-scale verdicts."""
+
+    def __init__(self, model, optimizer, precision, state, *, clip_norm=None,
+                 clip_value=None, allow_missing_gradients=False, hooks=None):
+        self.model = model
+        self.optimizer = optimizer
+        self.precision = precision
+        self.state = state
+        self.clip_norm = clip_norm
+        self.clip_value = clip_value
+        self.allow_missing_gradients = allow_missing_gradients
+        self.hooks = hooks or StepHooks()
+
+    def add(self, gradients, variables, batch_size):
+        """Takes one micro-batch's unscaled gradients; updates when the window is full."""
+        grads_and_vars = guards.check_gradients(
+            gradients, variables, allow_missing=self.allow_missing_gradients)
+        finite = (precision_lib.all_finite([g for g, _ in grads_and_vars])
+                  if self.precision.checks_finite else None)
+        if self.state.accumulate == 1:
+            self._apply_or_skip(grads_and_vars, finite)
+            return
+        state = self.state
+        weight = tf.cast(batch_size, tf.float32)
+        slots = {id(v): acc for v, acc in zip(self.model.trainable_variables, state.gradients)}
+        for g, v in grads_and_vars:
+            g = tf.convert_to_tensor(g)  # sparse (embedding) gradients accumulate densely
+            if finite is not None:
+                # An overflowed micro-batch adds nothing (inf * 0 would be NaN);
+                # its window is marked and skipped as a whole when it closes.
+                g = tf.where(finite, g, tf.zeros_like(g))
+            slots[id(v)].assign_add(tf.cast(g, tf.float32) * weight)
+        state.samples.assign_add(weight)
+        state.micro_step.assign_add(1)
+        if finite is not None:
+            state.window_finite.assign(tf.logical_and(state.window_finite, finite))
+        tf.cond(state.micro_step >= state.accumulate, self.close_window, lambda: None)
+
+    def close_window(self):
+        """Applies the accumulated window (skips it if it overflowed) and resets it."""
+        state = self.state
+        variables = self.model.trainable_variables
+        grads_and_vars = [(acc / state.samples, v)
+                          for acc, v in zip(state.gradients, variables)]
+        finite = state.window_finite.read_value() if self.precision.checks_finite else None
+        self._apply_or_skip(grads_and_vars, finite)
+        for acc in state.gradients:
+            acc.assign(tf.zeros_like(acc))
+        state.samples.assign(0.0)
+        state.micro_step.assign(0)
+        state.window_finite.assign(True)
+
+    def _apply_or_skip(self, grads_and_vars, finite):
+        if finite is None:
+            self._apply(grads_and_vars)
+            return
+
+        def apply():
+            self._apply(grads_and_vars)
+            self.precision.on_applied()
+
+        tf.cond(finite, apply, self.precision.on_skipped)
+
+    def _apply(self, grads_and_vars):
+        gradients = [g for g, _ in grads_and_vars]
+        variables = [v for _, v in grads_and_vars]
+        # Clipping sees the unscaled, accumulated gradients: what the update uses.
+        if self.clip_value is not None:
+            gradients = [tf.clip_by_value(tf.convert_to_tensor(g), -self.clip_value,
+                                          self.clip_value) for g in gradients]
+        if self.clip_norm is not None:
+            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
+        grads_and_vars = self.hooks.on_gradients(list(zip(gradients, variables)))
+        self.optimizer.apply_gradients(grads_and_vars)
+
+
+def make_train_step(model, loss_tracker, updater, precision, hooks=None):
+    """Returns `step(batch) -> batch size` that trains `model` on one (micro-)batch."""
     hooks = hooks or StepHooks()
 
     def train_step(batch):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
+            precision_lib.warn_low_precision_outputs(model, y_pred)
+            y_pred = precision_lib.to_float32(y_pred)
             # Keras' losses already divide by the number of replicas, so the
             # sum of per-replica gradients is the gradient of the global-batch
             # mean (the reduction tf.distribute expects).
@@ -56,14 +163,11 @@ def make_train_step(model, optimizer, loss_tracker, *, allow_missing_gradients=F
             )
             loss = guards.check_loss(loss)
             loss = hooks.on_loss(loss)
+            scaled_loss = precision.scale_loss(loss)
         variables = model.trainable_variables
-        gradients = tape.gradient(loss, variables)
-        grads_and_vars = guards.check_gradients(
-            gradients, variables, allow_missing=allow_missing_gradients
-        )
-        grads_and_vars = hooks.on_gradients(grads_and_vars)
-        optimizer.apply_gradients(grads_and_vars)
+        gradients = precision.unscale(tape.gradient(scaled_loss, variables))
         batch_size = batch_size_of(x)
+        updater.add(gradients, variables, batch_size)
         loss_tracker.update_state(_unscale_for_replicas(loss), sample_weight=batch_size)
         model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return batch_size
@@ -76,7 +180,7 @@ def make_test_step(model, loss_tracker):
 
     def test_step(batch):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        y_pred = model(x, training=False)
+        y_pred = precision_lib.to_float32(model(x, training=False))
         loss = model.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
         )
@@ -189,8 +293,8 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
     return tf.function(loop, autograph=False)
 
 
-def metric_results(loss_tracker, model):
-    """Returns a function giving `{"loss": ..., <metric>: ...}` as tensors."""
+def metric_results(loss_tracker, model, precision=None):
+    """Returns a function giving `{"loss": ..., <metric>: ..., <precision logs>}` as tensors."""
 
     def results():
         logs = {"loss": loss_tracker.result()}
@@ -199,6 +303,8 @@ def metric_results(loss_tracker, model):
             # tapeworks tracks the loss itself, so its value wins.
             if name != "loss":
                 logs[name] = value
+        if precision is not None:
+            logs.update(precision.logs())
         return logs
 
     return results

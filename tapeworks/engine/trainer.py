@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine import autotune, guards, step
+from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.data_adapter import as_dataset
 from tapeworks.engine.progress import EpochProgress, resolve_verbose
 from tapeworks.errors import ConfigError, DataSpecError
@@ -45,6 +46,29 @@ class Trainer:
             `tf.function`, no XLA).
         allow_missing_gradients: skip trainable variables that get no
             gradient instead of raising `MissingGradientError`.
+        accumulate: apply one update per this many micro-batches, from their
+            accumulated gradients (see "Accumulation" below).
+        precision: "float32", "mixed_bfloat16", "mixed_float16" (with dynamic
+            loss scaling) or "auto" (bfloat16 where the CPU or GPU computes it
+            natively, float16 on GPUs with float16 but no bfloat16, float32
+            otherwise). Mixed policies put the model's layers on that policy
+            (variables stay float32; output layers stay float32) and the loss
+            is computed in float32.
+        clip_norm: clip the update's gradients to this global norm.
+        clip_value: clip each gradient element to [-clip_value, clip_value].
+
+    Accumulation: the update is the gradient of the mean loss over every
+    sample of the window (micro-batches weighted by their size), which equals
+    one step on a batch N times larger. The optimizer, its learning-rate
+    schedule, weight decay and clipping act once per update. A window never
+    spans two epochs: when an epoch ends with fewer than N micro-batches
+    pending, they are applied then, as the mean over their own samples.
+    BatchNormalization updates its moving statistics on every micro-batch
+    (its batch statistics are those of the micro-batch). Under
+    mixed_float16, one non-finite micro-batch skips its whole window.
+    Accumulators, the loss scale and the counters are variables in
+    `trainer.state` (and `trainer.checkpoint`), so a checkpoint taken
+    mid-window restores mid-window.
 
     Example:
 
@@ -64,7 +88,8 @@ class Trainer:
 
     def __init__(self, model, optimizer, loss, metrics=None, *, loss_weights=None,
                  jit_compile="auto", steps_per_call="auto", seed=None,
-                 run_eagerly=False, allow_missing_gradients=False):
+                 run_eagerly=False, allow_missing_gradients=False, accumulate=1,
+                 precision="float32", clip_norm=None, clip_value=None):
         if not isinstance(model, keras.Model):
             raise ConfigError(
                 f"`model` must be a keras.Model. Received: {type(model).__name__}. "
@@ -91,13 +116,33 @@ class Trainer:
                 "`run_eagerly=True` runs plain Python, which XLA cannot compile. "
                 "Fix: pass jit_compile=False (or \"auto\") with run_eagerly=True."
             )
+        if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+            raise ConfigError(
+                f"`accumulate` must be an integer >= 1. Received: accumulate={accumulate!r}")
+        for name, value in (("clip_norm", clip_norm), ("clip_value", clip_value)):
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ConfigError(
+                    f"`{name}` must be None or a number > 0. Received: {name}={value!r}")
+        self.precision = self._resolve_precision(model, precision)
+        self.precision.apply_to(model)
         self.model = model
         # Keras resolves strings, wraps plain loss functions and builds the
         # metric containers; tapeworks only runs the loop.
         model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                       loss_weights=loss_weights, jit_compile=False)
         self.optimizer = model.optimizer
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # Keras wraps the optimizer of a mixed_float16 model; tapeworks
+            # scales the loss itself (per accumulation window), so the
+            # wrapper would unscale a second time.
+            self.optimizer = self.optimizer.inner_optimizer
+            model.optimizer = self.optimizer
         self.seed = seed
+        self.accumulate = accumulate
+        self.clip_norm = clip_norm
+        self.clip_value = clip_value
+        self.state = None       # UpdateState, created with the variables in _build
+        self._updater = None
         self.run_eagerly = run_eagerly
         self.allow_missing_gradients = allow_missing_gradients
         self._jit_setting = jit_compile
@@ -108,7 +153,7 @@ class Trainer:
         self.traces = collections.Counter()
         self.hooks = step.StepHooks()
         self._strategy = tf.distribute.get_strategy()
-        self._results = step.metric_results(self._loss_tracker, model)
+        self._results = step.metric_results(self._loss_tracker, model, self.precision)
         self._built = False
         self._announced = False
 
@@ -196,6 +241,7 @@ class Trainer:
             iterator, steps_done, samples_done, logs = self._train_epoch(
                 dataset, iterator, steps_per_epoch, steps_known, callback_list, progress,
                 epoch)
+            self._close_partial_window()
             if steps_known is None and steps_per_epoch is None:
                 steps_known = steps_done
             if steps_known:
@@ -299,6 +345,51 @@ class Trainer:
         logger.info("tapeworks: jit_compile=%s, steps_per_call=%d (%s)",
                     choice.jit_compile, choice.steps_per_call, choice.reason)
 
+    def _close_partial_window(self):
+        """Applies a window left with fewer than `accumulate` micro-batches at epoch end."""
+        if self.accumulate == 1 or not bool(self.state.has_pending()):
+            return
+        if "close_window" not in self._loops:
+            close = self._updater.close_window
+            self._loops["close_window"] = (close if self.run_eagerly
+                                           else tf.function(close, autograph=False))
+        self._loops["close_window"]()
+
+    @property
+    def checkpoint(self):
+        """A `tf.train.Checkpoint` of everything training changes.
+
+        Model, optimizer (iterations, slots), accumulators and loss scale:
+        restoring it and training on resumes exactly, mid-window included.
+        Available once `fit` (or `evaluate`) has built the variables.
+        """
+        if self.state is None:
+            raise ConfigError(
+                "The trainer has not created its variables yet. Expected a call to "
+                "`fit` first (or to `build_state(data)`), then `checkpoint`.")
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                   update_state=self.state, precision=self.precision)
+
+    def build_state(self, data, batch_size=None):
+        """Creates all variables for batches like `data`, without training.
+
+        Use it to restore a checkpoint into a fresh trainer before `fit`.
+        """
+        dataset = as_dataset(data, batch_size=batch_size)
+        guards.check_data_spec(dataset.element_spec, self.model, name="data")
+        self._build(dataset.element_spec)
+        return self
+
+    @staticmethod
+    def _resolve_precision(model, precision):
+        plugin = precision_lib.resolve(precision)
+        policy = model.dtype_policy.name
+        if policy == "mixed_float16" and plugin.policy != "mixed_float16":
+            # A model built under mixed_float16 needs loss scaling to train
+            # correctly, whatever was asked.
+            return precision_lib.MixedFloat16("the model was built with mixed_float16")
+        return plugin
+
     # evaluate / predict ---------------------------------------------------
 
     def evaluate(self, data, *, batch_size=None, callbacks=None, verbose=0):
@@ -371,6 +462,13 @@ class Trainer:
                 test = step.make_test_step(self.model, keras.metrics.Mean())
                 tf.function(test, autograph=False).get_concrete_function(element_spec)
                 self.optimizer.build(self.model.trainable_variables)
+                self.state = step.UpdateState(
+                    self.model.trainable_variables if self.accumulate > 1 else [],
+                    self.accumulate)
+                self._updater = step.Updater(
+                    self.model, self.optimizer, self.precision, self.state,
+                    clip_norm=self.clip_norm, clip_value=self.clip_value,
+                    allow_missing_gradients=self.allow_missing_gradients, hooks=self.hooks)
                 self._built = True
 
     def _step(self, kind, jit):
@@ -378,10 +476,8 @@ class Trainer:
         key = (kind + "_step", bool(jit))
         if key not in self._loops:
             if kind == "train":
-                one = step.make_train_step(
-                    self.model, self.optimizer, self._loss_tracker,
-                    allow_missing_gradients=self.allow_missing_gradients,
-                    hooks=self.hooks)
+                one = step.make_train_step(self.model, self._loss_tracker, self._updater,
+                                           self.precision, hooks=self.hooks)
             else:
                 one = step.make_test_step(self.model, self._loss_tracker)
             one = self._count_traces(one, f"{kind}_step")
