@@ -25,7 +25,8 @@ def _scenario(name):
     return Scenario(name, module, importlib.import_module(module).DESCRIPTION)
 
 
-SCENARIOS = {s.name: s for s in (_scenario("loops"),)}
+SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
+                                    _scenario("precision"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
@@ -81,13 +82,13 @@ def to_markdown(result):
               "|" + "---|" * len(columns)]
     for row in result["rows"]:
         lines.append("| " + " | ".join(_format(row[key]) for key, _ in columns) + " |")
-    notes = [(row["approach"], row["size"] if "size" in row else "", row["notes"])
+    notes = [(" / ".join(str(row[key]) for key, _ in columns[:2]), row["notes"])
              for row in result["rows"] if row.get("notes")]
     if notes:
         lines += ["", "Notes:"]
-        for approach, where, note in notes:
+        for where, note in notes:
             text = ", ".join(f"{k}={v}" for k, v in note.items())
-            lines.append(f"- {approach} ({where}): {text}")
+            lines.append(f"- {where}: {text}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,182 @@
+"""Scenario `accumulate`: what gradient accumulation costs in time and saves in memory.
+
+Throughput: `accumulate=4` at micro-batch B against plain training at batch B,
+alternating in one process. Memory: peak memory of `accumulate=8` at
+micro-batch B against plain training at batch B and at batch 8B. Peak
+resident memory only ever grows within a process, so each memory case runs in
+a fresh process of its own (`python -m tapeworks.bench.scenarios.accumulate`),
+and reports its peak over the memory it had once the model was built: the
+memory that training adds. On a GPU the peak of
+`tf.config.experimental.get_memory_info` is reported instead.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tapeworks.bench.timing import Approach, alternate
+from tapeworks.engine import Trainer
+
+DESCRIPTION = ("accumulate=4 vs plain throughput; peak memory of accumulate=8 at B vs "
+               "plain B and 8B (separate processes)")
+
+
+def build_convnet(side, width, seed=0):
+    """A small convolutional net whose activations, not weights, fill memory."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((side, side, 3)),
+        keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(width, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(2 * width, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10),
+    ])
+
+
+def _config(quick):
+    return dict(side=32, width=16, micro=16, steps=16) if quick else \
+        dict(side=64, width=32, micro=32, steps=48)
+
+
+def _data(side, samples, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, side, side, 3)).astype("float32")
+    y = rng.integers(0, 10, samples).astype("int32")
+    return x, y
+
+
+def _trainer(side, width, accumulate, **options):
+    return Trainer(build_convnet(side, width), keras.optimizers.Adam(1e-3),
+                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   accumulate=accumulate, **options)
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+class _PeakSampler:
+    """Samples this process' resident memory every few milliseconds, in a thread.
+
+    `ru_maxrss` cannot be used: it is the peak since the process started, and
+    importing TensorFlow can peak higher than a small training run.
+    """
+
+    def __init__(self, interval=0.002):
+        self.interval = interval
+        self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+
+def measure_memory(accumulate, batch, side, width, steps):
+    """Runs in its own process: trains, returns memory figures in MiB.
+
+    XLA is off and steps per call fixed here: compiling would add the
+    compiler's own memory, which says nothing about accumulation.
+    """
+    x, y = _data(side, batch * steps)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    trainer = _trainer(side, width, accumulate, jit_compile=False, steps_per_call=4)
+    trainer.build_state(dataset)
+    trainer.fit(dataset.take(1), verbose=0)  # trace outside the measured span
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    before = _rss_bytes()
+    with _PeakSampler() as sampler:
+        trainer.fit(dataset, epochs=2, verbose=0)
+    result = {"rss_before_mib": before / 2**20, "rss_peak_mib": sampler.peak / 2**20,
+              "training_mib": (sampler.peak - before) / 2**20}
+    if gpus:
+        result["gpu_peak_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return result
+
+
+def _memory_case(accumulate, batch, config):
+    args = json.dumps(dict(accumulate=accumulate, batch=batch, side=config["side"],
+                           width=config["width"], steps=config["steps"] // 4))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-m", "tapeworks.bench.scenarios.accumulate", args],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(quick=False, repeats=5):
+    config = _config(quick)
+    side, width, micro, steps = config["side"], config["width"], config["micro"], config["steps"]
+    x, y = _data(side, micro * steps)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro).cache()
+    samples = len(x)
+    approaches = []
+    for accumulate in (1, 4):
+        trainer = _trainer(side, width, accumulate)
+
+        def setup(trainer=trainer):
+            trainer.fit(dataset, epochs=2, verbose=0)
+            return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call}
+
+        approaches.append(Approach(
+            f"accumulate={accumulate}, micro-batch {micro}" if accumulate > 1
+            else f"plain, batch {micro}",
+            lambda trainer=trainer: (trainer.fit(dataset, verbose=0), samples)[1],
+            setup=setup))
+    timing = alternate(approaches, repeats)
+    plain = timing[approaches[0].name]["samples_per_s"]
+    rows = []
+    for name, result in timing.items():
+        rows.append({"measure": "throughput", "case": name,
+                     "value": result["samples_per_s"], "unit": "samples/s",
+                     "ratio": result["samples_per_s"] / plain, "ratio_to": approaches[0].name,
+                     "repeats": result["runs"], "notes": result["notes"]})
+    memory = {
+        f"plain, batch {micro}": _memory_case(1, micro, config),
+        f"accumulate=8, micro-batch {micro}": _memory_case(8, micro, config),
+        f"plain, batch {8 * micro}": _memory_case(1, 8 * micro, config),
+    }
+    key = "gpu_peak_mib" if "gpu_peak_mib" in next(iter(memory.values())) else "training_mib"
+    base = memory[f"plain, batch {micro}"][key]
+    for name, figures in memory.items():
+        rows.append({"measure": "peak memory added by training" if key == "training_mib"
+                     else "GPU peak memory", "case": name, "value": figures[key], "unit": "MiB",
+                     "ratio": figures[key] / base, "ratio_to": f"plain, batch {micro}",
+                     "repeats": [], "notes": {"rss_peak_mib": round(figures["rss_peak_mib"], 1)}})
+    return {
+        "columns": [("measure", "measure"), ("case", "case"), ("value", "value"),
+                    ("unit", "unit"), ("ratio", "ratio"), ("ratio_to", "ratio to")],
+        "rows": rows,
+        "facts": {"model": f"convnet on {side}x{side}x3 inputs, width {width}",
+                  "memory": ("one fresh process per memory case, XLA off, 4 steps per call; "
+                             "peak RSS sampled during fit minus RSS before it")},
+        "chart": {"group": "measure", "bar": "case", "value": "ratio",
+                  "label": "ratio to plain training at the micro-batch size"},
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure_memory(**json.loads(sys.argv[1]))))
