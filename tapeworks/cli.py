@@ -54,6 +54,47 @@ def _bench(args):
     return 0
 
 
+def _lint(args):
+    from tapeworks.lint import runner
+    from tapeworks.lint.rules import RULES
+
+    if args.list:
+        for code, rule in RULES.items():
+            print(f"{code}  {rule.name:32s} {rule.message}")
+        return 0
+    if args.explain:
+        rule = RULES.get(args.explain.upper())
+        if rule is None:
+            print(f"tapeworks lint: unknown rule {args.explain!r}. Expected one of "
+                  f"{', '.join(RULES)}.", file=sys.stderr)
+            return 2
+        print(rule.explain())
+        return 0
+    if not args.paths:
+        print("tapeworks lint: no paths given. Expected files or folders to check, e.g. "
+              "`tapeworks lint src/`.", file=sys.stderr)
+        return 2
+    try:
+        pyproject = args.config or runner.find_pyproject(args.paths[0])
+        config = runner.Config.from_pyproject(pyproject) if pyproject else runner.Config()
+        select = tuple(c for c in (args.select or "").split(",") if c)
+        ignore = tuple(c for c in (args.ignore or "").split(",") if c)
+        runner.validate_codes(select + ignore)
+        if select:
+            config.select = select
+        config.ignore = config.ignore + ignore
+        findings, files = runner.lint_paths(args.paths, config)
+    except runner.LintUsageError as error:
+        print(f"tapeworks lint: {error}", file=sys.stderr)
+        return 2
+    output = runner.format_findings(findings, args.format, files)
+    if output:
+        print(output)
+    if args.format == "text":
+        print(f"{len(findings)} finding(s) in {files} file(s).", file=sys.stderr)
+    return 1 if findings else 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="tapeworks",
@@ -85,13 +126,28 @@ def build_parser():
                        help="timed repeats per approach, >= 3 (default: %(default)s)")
     bench.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
     bench.set_defaults(run=_bench)
+
+    lint = verbs.add_parser(
+        "lint", help="check Python files for TensorFlow training anti-patterns",
+        description="Statically check Python files (nothing is imported or run) for "
+                    "TensorFlow training anti-patterns. Exit status: 0 clean, 1 findings, "
+                    "2 usage error. `# noqa: CODE` silences a line; [tool.tapeworks.lint] "
+                    "in pyproject.toml takes select, ignore and exclude lists.")
+    lint.add_argument("paths", nargs="*", help="files or folders")
+    lint.add_argument("--format", choices=("text", "json"), default="text")
+    lint.add_argument("--select", help="comma-separated codes or prefixes to report only")
+    lint.add_argument("--ignore", help="comma-separated codes or prefixes to leave out")
+    lint.add_argument("--config", help="pyproject.toml to read (default: the nearest one)")
+    lint.add_argument("--explain", metavar="CODE", help="explain a rule, with examples")
+    lint.add_argument("--list", action="store_true", help="list the rules")
+    lint.set_defaults(run=_lint)
     return parser
 
 
 def main(argv=None):
     _quiet_tensorflow()
     args = build_parser().parse_args(argv)
-    if getattr(args, "repeats", 3) < 3:
+    if args.verb == "bench" and args.repeats < 3:
         print(f"tapeworks bench: --repeats must be >= 3 (medians of fewer are noise). "
               f"Received: --repeats {args.repeats}", file=sys.stderr)
         return 2

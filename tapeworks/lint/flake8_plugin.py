@@ -1,0 +1,19 @@
+"""The flake8 plugin: `flake8` and pre-commit users get the TW rules without a new tool.
+
+flake8 applies `# noqa` and its own select/ignore; the plugin reports every finding.
+"""
+
+from tapeworks.lint.checker import check_tree
+
+
+class TapeworksLint:
+    name = "tapeworks"
+    version = "0.1.0"
+
+    def __init__(self, tree, filename="<stdin>"):
+        self.tree = tree
+        self.filename = filename
+
+    def run(self):
+        for finding in check_tree(self.tree, self.filename):
+            yield finding.line, finding.col, f"{finding.code} {finding.message}", type(self)

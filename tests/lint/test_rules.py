@@ -1,0 +1,330 @@
+"""Each rule: code that must be flagged, and the near miss that must not be."""
+
+import textwrap
+
+import pytest
+
+from tapeworks.lint import check_source
+
+HEADER = "import tensorflow as tf\nimport numpy as np\nimport keras\n"
+
+# (code, source that must be flagged, near miss that must stay silent)
+CASES = [
+    ("TW101", """
+        with tf.GradientTape() as tape:
+            feats = critic.predict(y_pred)
+        """, """
+        with tf.GradientTape() as tape:
+            feats = critic(y_pred, training=False)
+        feats = critic.predict(y_pred)
+        """),
+    ("TW101", """
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)).numpy()
+        """, """
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        print(loss.numpy())
+        """),
+    ("TW101", """
+        with tf.GradientTape() as tape:
+            d.train_on_batch(x, y)
+        """, """
+        with tf.GradientTape() as tape:
+            pass
+        d.train_on_batch(x, y)
+        """),
+    ("TW102", """
+        for x, y in dataset:
+            fake = generator.predict(noise)
+            disc.train_on_batch(fake, y)
+        """, """
+        for x in dataset:
+            outputs.append(model.predict(x))
+        """),
+    ("TW102", """
+        while step < steps:
+            out = model.predict_on_batch(x)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        """, """
+        while step < steps:
+            out = model(x, training=False)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        """),
+    ("TW103", """
+        @tf.function
+        def step(x):
+            print(x)
+        """, """
+        @tf.function
+        def step(x):
+            tf.print(x)
+        def eager_step(x):
+            print(x)
+        """),
+    ("TW103", """
+        @tf.function(jit_compile=True)
+        def step(x):
+            if x is not None:
+                print("tracing")
+        """, """
+        @tf.function(jit_compile=True)
+        def step(x):
+            def helper():
+                print("a nested Python helper")
+            return x
+        """),
+    ("TW104", """
+        with tf.GradientTape() as tape:
+            logits = model(x)
+        """, """
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)
+        """),
+    ("TW104", """
+        drop = keras.layers.Dropout(0.5)
+        with tf.GradientTape() as tape:
+            h = drop(x)
+        """, """
+        dense = keras.layers.Dense(4)
+        with tf.GradientTape() as tape:
+            h = dense(x)
+        """),
+    ("TW104", """
+        class Gan:
+            def step(self, x):
+                with tf.GradientTape() as tape:
+                    fake = self.generator(x)
+        """, """
+        class Gan:
+            def step(self, x):
+                with tf.GradientTape() as tape:
+                    fake = self.generator(x, training=True)
+        """),
+    ("TW105", """
+        with tf.GradientTape(persistent=True) as tape:
+            y = f(x)
+        g = tape.gradient(y, x)
+        """, """
+        with tf.GradientTape(persistent=True) as tape:
+            y = f(x)
+        g = tape.gradient(y, x)
+        del tape
+        """),
+    ("TW105", """
+        def train():
+            for x in data:
+                with tf.GradientTape(persistent=True) as tape:
+                    y = f(x)
+            del tape
+        """, """
+        def train():
+            for x in data:
+                with tf.GradientTape(persistent=True) as tape:
+                    y = f(x)
+                del tape
+            with tf.GradientTape() as plain:
+                y = f(x)
+        """),
+    ("TW106", """
+        for batch in batches:
+            outputs = tf.concat([outputs, model(batch)], axis=0)
+        """, """
+        parts = []
+        for batch in batches:
+            parts.append(model(batch))
+            other = tf.concat([a, b], axis=0)
+        outputs = tf.concat(parts, axis=0)
+        """),
+    ("TW106", """
+        while True:
+            everything = np.concatenate((everything, chunk))
+        """, """
+        everything = np.concatenate((everything, chunk))
+        """),
+    ("TW107", """
+        @tf.function
+        def train_step(x, step):
+            return x
+        for i in range(100):
+            train_step(x, i)
+        """, """
+        @tf.function
+        def train_step(x, step):
+            return x
+        for i in range(100):
+            train_step(x, tf.constant(i))
+        """),
+    ("TW107", """
+        for epoch in range(10):
+            step = tf.function(make_step())
+        """, """
+        step = tf.function(make_step())
+        for epoch in range(10):
+            step(x)
+        """),
+    ("TW107", """
+        for epoch in range(10):
+            @tf.function
+            def step(x):
+                return x
+        """, """
+        @tf.function
+        def step(x):
+            return x
+        for epoch in range(10):
+            step(x)
+        """),
+    ("TW108", """
+        model.compile("adam", "mse")
+        base.trainable = False
+        model.fit(x, y)
+        """, """
+        base.trainable = False
+        model.compile("adam", "mse")
+        model.fit(x, y)
+        base.trainable = True
+        model.compile("adam", "mse")
+        model.fit(x, y)
+        """),
+    ("TW108", """
+        discriminator.compile("adam", "bce")
+        discriminator.trainable = False
+        gan.compile("adam", "bce")
+        for x in data:
+            discriminator.train_on_batch(x, y)
+        """, """
+        discriminator.compile("adam", "bce")
+        discriminator.trainable = False
+        gan.compile("adam", "bce")
+        for x in data:
+            gan.train_on_batch(x, y)
+        """),
+    ("TW109", """
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.map(parse)
+        ds = ds.batch(32).prefetch(tf.data.AUTOTUNE)
+        """, """
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.batch(32).prefetch(tf.data.AUTOTUNE)
+        labels = frame.map(lambda v: v + 1)
+        """),
+    ("TW109", """
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).shuffle(100)
+        ds = ds.prefetch(2)
+        """, """
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(32)
+        ds = ds.prefetch(2)
+        rows = ds.unbatch().shuffle(10).batch(4).prefetch(1)
+        """),
+    ("TW109", """
+        ds = tf.data.TFRecordDataset(files).batch(64)
+        model.fit(ds)
+        """, """
+        ds = tf.data.TFRecordDataset(files).batch(64)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        model.fit(ds)
+        def make():
+            return tf.data.TFRecordDataset(files).batch(64)
+        """),
+    ("TW110", """
+        correct = tf.reduce_sum(tf.cast(pred == y, tf.int32))
+        total = tf.size(y)
+        accuracy = correct // total
+        """, """
+        correct = tf.reduce_sum(tf.cast(pred == y, tf.float32))
+        total = tf.cast(tf.size(y), tf.float32)
+        accuracy = correct / total
+        half = tf.shape(x)[0] // 2
+        pages = n_items // per_page
+        """),
+    ("TW110", """
+        a = tf.constant([1, 2], dtype=tf.int64)
+        b = tf.argmax(logits, axis=-1)
+        r = tf.math.floordiv(a, b)
+        """, """
+        a = tf.constant([1, 2], dtype=tf.float32)
+        b = tf.argmax(logits, axis=-1)
+        r = tf.math.floordiv(a, b)
+        """),
+    ("TW111", """
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        with tf.GradientTape() as tape:
+            loss = f(model(x, training=True))
+        """, """
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(f(model(x, training=True)))
+        """),
+    ("TW111", """
+        tf.keras.mixed_precision.set_global_policy(tf.keras.mixed_precision.Policy("mixed_float16"))
+        def step():
+            with tf.GradientTape() as tape:
+                pass
+        """, """
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        model.compile("adam", "mse")
+        model.fit(x, y)
+        """),
+    ("TW111", """
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        with tf.GradientTape() as tape:
+            loss = f(model(x, training=True))
+        """, """
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        with tf.GradientTape() as tape:
+            loss = f(model(x, training=True))
+        """),
+]
+
+
+def codes(source):
+    return [f.code for f in check_source(HEADER + textwrap.dedent(source), "case.py")]
+
+
+@pytest.mark.parametrize("code, bad, near_miss", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_rule_flags_the_bad_and_spares_the_near_miss(code, bad, near_miss):
+    assert code in codes(bad)
+    assert code not in codes(near_miss)
+
+
+def test_every_rule_has_cases():
+    from tapeworks.lint import RULES
+
+    assert {c[0] for c in CASES} == set(RULES)
+
+
+def test_positions_point_at_the_offending_call():
+    source = HEADER + "ds = tf.data.Dataset.range(9).map(f).batch(3).prefetch(1)\n"
+    (finding,) = check_source(source, "p.py")
+    assert (finding.line, finding.col) == (4, source.splitlines()[3].index("map"))
+
+
+@pytest.mark.parametrize("comment, silenced", [
+    ("# noqa: TW103", True), ("# noqa:TW103,TW101", True), ("# noqa", True),
+    ("# noqa: TW101", False), ("", False),
+])
+def test_noqa(comment, silenced):
+    source = HEADER + f"@tf.function\ndef f(x):\n    print(x)  {comment}\n"
+    assert (check_source(source, "n.py") == []) == silenced
+
+
+def test_noqa_inside_a_string_does_not_count():
+    source = HEADER + "@tf.function\ndef f(x):\n    print('# noqa')\n"
+    assert [f.code for f in check_source(source, "n.py")] == ["TW103"]
+
+
+def test_select_and_ignore():
+    source = HEADER + "@tf.function\ndef f(x):\n    print(x)\n    y = a.numpy()\n"
+    assert check_source(source, "s.py", select=("TW101",)) == []
+    assert [f.code for f in check_source(source, "s.py", ignore=("TW10",))] == []
+    assert [f.code for f in check_source(source, "s.py")] == ["TW103"]
+
+
+def test_syntax_error_is_a_finding():
+    (finding,) = check_source("def broken(:\n", "b.py")
+    assert finding.code == "TW000" and finding.line == 1
