@@ -3,6 +3,7 @@
 import dataclasses
 import datetime
 import importlib
+import inspect
 import json
 import os
 import platform
@@ -16,8 +17,11 @@ class Scenario:
     module: str
     description: str
 
-    def run(self, quick, repeats):
-        return importlib.import_module(self.module).run(quick=quick, repeats=repeats)
+    def run(self, quick, repeats, out_dir):
+        run = importlib.import_module(self.module).run
+        if "out_dir" in inspect.signature(run).parameters:
+            return run(quick=quick, repeats=repeats, out_dir=out_dir)
+        return run(quick=quick, repeats=repeats)
 
 
 def _scenario(name):
@@ -26,12 +30,12 @@ def _scenario(name):
 
 
 SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
-                                    _scenario("precision"))}
+                                    _scenario("precision"), _scenario("lint"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
     """Runs one scenario; returns {"markdown", "files", "result"}."""
-    result = SCENARIOS[name].run(quick, repeats)
+    result = SCENARIOS[name].run(quick, repeats, out_dir)
     result.update(
         scenario=name, quick=quick, repeats_per_approach=repeats, command=command,
         when=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -45,6 +49,7 @@ def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", comma
     with open(paths[1], "w") as f:
         json.dump(result, f, indent=2, default=str)
     write_chart(result, paths[2])
+    paths += result.get("extra_files", [])
     return {"markdown": markdown, "files": paths, "result": result}
 
 

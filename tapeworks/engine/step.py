@@ -72,7 +72,10 @@ class Updater:
     """Applies (or skips) optimizer updates: clipping, accumulation windows, loss-scale verdicts."""
 
     def __init__(self, model, optimizer, precision, state, *, clip_norm=None,
-                 clip_value=None, allow_missing_gradients=False, hooks=None):
+                 clip_value=None, allow_missing_gradients=False, hooks=None,
+                 fuse_update=False):
+        self.fuse_update = fuse_update
+        self._fused = {}
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
@@ -142,7 +145,25 @@ class Updater:
         if self.clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
         grads_and_vars = self.hooks.on_gradients(list(zip(gradients, variables)))
-        self.optimizer.apply_gradients(grads_and_vars)
+        if self.fuse_update:
+            self._fused_apply(grads_and_vars)
+        else:
+            self.optimizer.apply_gradients(grads_and_vars)
+
+    def _fused_apply(self, grads_and_vars):
+        """The optimizer update alone, compiled by XLA (`jit_compile="update"`).
+
+        XLA fuses the optimizer's elementwise passes over each weight (Adam
+        makes about ten) into one. The variables are captured, not passed:
+        a tf.function cannot take Keras variables as arguments.
+        """
+        variables = [v for _, v in grads_and_vars]
+        key = tuple(id(v) for v in variables)
+        if key not in self._fused:
+            self._fused[key] = tf.function(
+                lambda grads: self.optimizer.apply_gradients(zip(grads, variables)),
+                jit_compile=True, autograph=False)
+        self._fused[key]([g for g, _ in grads_and_vars])
 
 
 def make_train_step(model, loss_tracker, updater, precision, hooks=None):

@@ -39,7 +39,9 @@ class Trainer:
             list/dict of those for a multi-output model.
         metrics: Keras metrics or their names, as in `model.compile`.
         loss_weights: weights of the losses of a multi-output model.
-        jit_compile: True, False or "auto" (measure both, keep the faster).
+        jit_compile: True (the whole step through XLA), False (tf.function),
+            "update" (tf.function, with only the optimizer update fused by
+            XLA) or "auto" (measure them, keep the fastest).
         steps_per_call: steps run inside one graph call, or "auto".
         seed: seed of the shuffle of NumPy inputs, so that runs repeat.
         run_eagerly: run the step as plain Python, for debugging (no
@@ -95,9 +97,9 @@ class Trainer:
                 f"`model` must be a keras.Model. Received: {type(model).__name__}. "
                 "Fix: wrap layers in keras.Sequential or a Functional model."
             )
-        if jit_compile not in (True, False, "auto"):
+        if jit_compile not in (True, False, "update", "auto"):
             raise ConfigError(
-                "`jit_compile` must be True, False or \"auto\". Received: "
+                "`jit_compile` must be True, False, \"update\" or \"auto\". Received: "
                 f"jit_compile={jit_compile!r}"
             )
         if steps_per_call != "auto" and not (
@@ -111,7 +113,7 @@ class Trainer:
                 "`loss` is required. Expected a Keras loss, its name (\"mse\") "
                 "or a function loss(y_true, y_pred)."
             )
-        if run_eagerly and jit_compile is True:
+        if run_eagerly and jit_compile in (True, "update"):
             raise ConfigError(
                 "`run_eagerly=True` runs plain Python, which XLA cannot compile. "
                 "Fix: pass jit_compile=False (or \"auto\") with run_eagerly=True."
@@ -142,7 +144,6 @@ class Trainer:
         self.clip_norm = clip_norm
         self.clip_value = clip_value
         self.state = None       # UpdateState, created with the variables in _build
-        self._updater = None
         self.run_eagerly = run_eagerly
         self.allow_missing_gradients = allow_missing_gradients
         self._jit_setting = jit_compile
@@ -161,7 +162,7 @@ class Trainer:
 
     @property
     def jit_compile(self):
-        """XLA on (True) or off (False) as chosen; None while still measuring."""
+        """The execution mode chosen (True, False or "update"); None while measuring."""
         choice = self._planner.choice if self._planner else None
         if choice is not None:
             return choice.jit_compile
@@ -328,9 +329,10 @@ class Trainer:
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
                 if not jit or self._jit_setting != "auto":
                     raise
-                logger.warning("tapeworks: XLA cannot compile this step (%s); "
-                               "using tf.function", _xla_failure(error))
-                self._planner.drop_xla(error)
+                logger.warning("tapeworks: XLA cannot compile the %s step (%s); "
+                               "not using that mode", autotune.describe(jit),
+                               _xla_failure(error))
+                self._planner.drop_xla(error, jit)
                 jit = False
                 samples = self._strategy.run(self._step("train", jit), args=(batch,))
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
@@ -350,7 +352,7 @@ class Trainer:
         if self.accumulate == 1 or not bool(self.state.has_pending()):
             return
         if "close_window" not in self._loops:
-            close = self._updater.close_window
+            close = self._updater(self.jit_compile or False).close_window
             self._loops["close_window"] = (close if self.run_eagerly
                                            else tf.function(close, autograph=False))
         self._loops["close_window"]()
@@ -465,29 +467,37 @@ class Trainer:
                 self.state = step.UpdateState(
                     self.model.trainable_variables if self.accumulate > 1 else [],
                     self.accumulate)
-                self._updater = step.Updater(
-                    self.model, self.optimizer, self.precision, self.state,
-                    clip_norm=self.clip_norm, clip_value=self.clip_value,
-                    allow_missing_gradients=self.allow_missing_gradients, hooks=self.hooks)
                 self._built = True
 
     def _step(self, kind, jit):
-        """One compiled step ("train" or "test"), cached per XLA setting."""
-        key = (kind + "_step", bool(jit))
+        """One compiled step ("train" or "test"), cached per execution mode."""
+        key = (kind + "_step", jit)
         if key not in self._loops:
             if kind == "train":
-                one = step.make_train_step(self.model, self._loss_tracker, self._updater,
-                                           self.precision, hooks=self.hooks)
+                one = step.make_train_step(self.model, self._loss_tracker,
+                                           self._updater(jit), self.precision,
+                                           hooks=self.hooks)
             else:
                 one = step.make_test_step(self.model, self._loss_tracker)
             one = self._count_traces(one, f"{kind}_step")
-            self._loops[key] = step.compile_step(one, jit_compile=jit,
+            self._loops[key] = step.compile_step(one, jit_compile=jit is True,
                                                  run_eagerly=self.run_eagerly)
         return self._loops[key]
 
+    def _updater(self, mode):
+        """The Updater for an execution mode; all modes share one state and precision."""
+        key = ("updater", mode)
+        if key not in self._loops:
+            self._loops[key] = step.Updater(
+                self.model, self.optimizer, self.precision, self.state,
+                clip_norm=self.clip_norm, clip_value=self.clip_value,
+                allow_missing_gradients=self.allow_missing_gradients, hooks=self.hooks,
+                fuse_update=mode == "update" and not self.run_eagerly)
+        return self._loops[key]
+
     def _loop(self, kind, jit):
-        """N steps per call over an iterator, cached per XLA setting."""
-        key = (kind, bool(jit))
+        """N steps per call over an iterator, cached per execution mode."""
+        key = (kind, jit)
         if key not in self._loops:
             self._loops[key] = step.make_loop(self._step(kind, jit), self._results,
                                               run_eagerly=self.run_eagerly,
@@ -515,10 +525,8 @@ class Trainer:
         return counted
 
     def _inference_jit(self):
-        if self.run_eagerly:
-            return False
-        chosen = self.jit_compile
-        return bool(chosen) if chosen is not None else False
+        # Inference has no optimizer update: only whole-step XLA applies.
+        return not self.run_eagerly and self.jit_compile is True
 
     def _reset_metrics(self):
         self._loss_tracker.reset_state()

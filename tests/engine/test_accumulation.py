@@ -11,6 +11,7 @@ from tests.engine import models
 MODES = {
     "eager": dict(run_eagerly=True, jit_compile=False),
     "tf.function": dict(jit_compile=False),
+    "xla-update": dict(jit_compile="update"),
     "xla": dict(jit_compile=True),
 }
 
@@ -111,17 +112,18 @@ def test_clipping_by_hand(clip, expected):
     assert trainer.model.get_weights()[0][0, 0] == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("mode", ["tf.function", "xla-update"])
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_overflow_skips_the_window_and_lowers_the_scale(accumulate):
+def test_overflow_skips_the_window_and_lowers_the_scale(accumulate, mode):
     model = models.set_fixed_weights(models.sequential())
     before = model.get_weights()
     x, y = models.regression_data(n=8)
     x[5, 0] = np.inf  # in the second micro-batch (batch 4)
     if accumulate == 1:
         x, y = x[4:], y[4:]
-    trainer = tapeworks.Trainer(model, keras.optimizers.SGD(0.1), "mse", jit_compile=False,
-                                steps_per_call=1, accumulate=accumulate,
-                                precision="mixed_float16")
+    trainer = tapeworks.Trainer(model, keras.optimizers.SGD(0.1), "mse", steps_per_call=1,
+                                accumulate=accumulate, precision="mixed_float16",
+                                **MODES[mode])
     history = trainer.fit((x, y), batch_size=4, shuffle=False, verbose=0)
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
     assert float(trainer.precision.scale) == 2.0 ** 14

@@ -34,9 +34,9 @@ def test_fixed_settings_need_no_measurement():
 
 
 def test_picks_faster_mode_and_amortises_overhead():
-    # XLA: 1 ms per step; tf.function: 2 ms per step; both 5 ms per call.
+    # XLA: 1 ms per step; XLA update only: 1.5 ms; tf.function: 2 ms; all 5 ms per call.
     def cost(jit, steps):
-        return 0.005 + steps * (0.001 if jit else 0.002)
+        return 0.005 + steps * {True: 0.001, "update": 0.0015, False: 0.002}[jit]
 
     planner = CallPlanner("auto", "auto")
     asked = drive(planner, cost)
@@ -44,8 +44,8 @@ def test_picks_faster_mode_and_amortises_overhead():
     # Overhead 5 ms must fall under 2% of the call: n >= 0.005 / (0.02 * 0.001) = 250.
     assert planner.choice.steps_per_call == 250
     # The probes alternate modes rather than running one mode's repeats in a row.
-    timed = [p.jit for p in asked if p.kind == "timed"][:4]
-    assert timed == [False, False, True, True]
+    timed = [p.jit for p in asked if p.kind == "timed"][:6]
+    assert timed == [False, False, "update", "update", True, True]
 
 
 def test_never_keeps_a_choice_slower_than_one_step_tf_function():
@@ -57,7 +57,7 @@ def test_never_keeps_a_choice_slower_than_one_step_tf_function():
     def cost(jit, steps):
         if state["verifying"] and jit:
             return 10.0
-        return 0.005 + steps * (0.001 if jit else 0.002)
+        return 0.005 + steps * {True: 0.001, "update": 0.0015, False: 0.002}[jit]
 
     planner = CallPlanner("auto", "auto")
     while planner.tuning and planner._candidate is None:
@@ -95,11 +95,13 @@ def test_cut_short_calls_are_not_measured():
     assert planner.choice is not None
 
 
-def test_xla_failure_falls_back():
+def test_xla_failure_drops_only_the_failed_mode():
     planner = CallPlanner("auto", 4)
-    planner.drop_xla(RuntimeError("no kernel"))
-    assert all(not planner.next_call().jit for _ in range(3))
-    assert "XLA could not compile" in planner.report()["notes"][0]
+    planner.drop_xla(RuntimeError("no kernel"), True)
+    assert {p.jit for p in planner._queue} == {False, "update"}
+    assert "XLA could not compile the XLA step" in planner.report()["notes"][0]
+    planner.drop_xla(RuntimeError("no kernel"), "update")
+    assert {p.jit for p in planner._queue} == {False}
 
 
 def test_trainer_auto_resolves_and_reports():
@@ -108,7 +110,7 @@ def test_trainer_auto_resolves_and_reports():
     assert trainer.tuning is None
     trainer.fit((x, y), batch_size=10, epochs=2, verbose=0)
     tuning = trainer.tuning
-    assert trainer.jit_compile in (True, False)
+    assert trainer.jit_compile in (True, False, "update")
     assert 1 <= trainer.steps_per_call <= 100
     assert tuning["jit_compile"] == trainer.jit_compile
     assert "jit=False,steps=1" in tuning["measured"]
@@ -116,7 +118,7 @@ def test_trainer_auto_resolves_and_reports():
     assert int(trainer.optimizer.iterations) == 2 * 200
     # Each mode tried is traced twice (its first step alone, then inside the
     # loop), whatever the steps per call; later fits trace nothing new.
-    assert trainer.traces["train_step"] <= 4
+    assert trainer.traces["train_step"] <= 6
     traces = dict(trainer.traces)
     trainer.fit((x, y), batch_size=10, verbose=0)
     assert dict(trainer.traces) == traces

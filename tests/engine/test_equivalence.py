@@ -11,6 +11,7 @@ from tests.engine import models
 MODES = {
     "eager": dict(run_eagerly=True, jit_compile=False),
     "tf.function": dict(jit_compile=False),
+    "xla-update": dict(jit_compile="update"),
     "xla": dict(jit_compile=True),
 }
 
