@@ -22,11 +22,11 @@ Per-step checks (numerics, gradient monitors) plug in at `StepHooks`: each hook
 sees the loss and the (gradient, variable) pairs of every update, in the graph.
 """
 
-import keras
 import tensorflow as tf
 
-from tapeworks.engine import guards, precision as precision_lib
-from tapeworks.engine.data_adapter import batch_size_of
+from tapeworks.engine import guards
+from tapeworks.engine.precision import all_finite
+from tapeworks.engine.task import batch_size as task_batch_size
 
 
 class StepHooks:
@@ -61,7 +61,7 @@ class UpdateState(tf.Module):
         self.gradients = [
             tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
                         name="accumulated_" + v.name.replace("/", "_").replace(":", "_"))
-            for v in variables
+            for v in (variables if accumulate > 1 else [])
         ]
 
     def has_pending(self):
@@ -71,12 +71,14 @@ class UpdateState(tf.Module):
 class Updater:
     """Applies (or skips) optimizer updates: clipping, accumulation windows, loss-scale verdicts."""
 
-    def __init__(self, model, optimizer, precision, state, *, clip_norm=None,
+    def __init__(self, optimizer, precision, state, variables, *, clip_norm=None,
                  clip_value=None, allow_missing_gradients=False, hooks=None,
                  fuse_update=False):
+        # What the update trains, in the order of `state.gradients`. Kept here,
+        # not on the tf.Module state, so checkpoints do not track them twice.
+        self.variables = list(variables)
         self.fuse_update = fuse_update
         self._fused = {}
-        self.model = model
         self.optimizer = optimizer
         self.precision = precision
         self.state = state
@@ -89,14 +91,14 @@ class Updater:
         """Takes one micro-batch's unscaled gradients; updates when the window is full."""
         grads_and_vars = guards.check_gradients(
             gradients, variables, allow_missing=self.allow_missing_gradients)
-        finite = (precision_lib.all_finite([g for g, _ in grads_and_vars])
+        finite = (all_finite([g for g, _ in grads_and_vars])
                   if self.precision.checks_finite else None)
         if self.state.accumulate == 1:
             self._apply_or_skip(grads_and_vars, finite)
             return
         state = self.state
         weight = tf.cast(batch_size, tf.float32)
-        slots = {id(v): acc for v, acc in zip(self.model.trainable_variables, state.gradients)}
+        slots = {id(v): acc for v, acc in zip(self.variables, state.gradients)}
         for g, v in grads_and_vars:
             g = tf.convert_to_tensor(g)  # sparse (embedding) gradients accumulate densely
             if finite is not None:
@@ -113,9 +115,8 @@ class Updater:
     def close_window(self):
         """Applies the accumulated window (skips it if it overflowed) and resets it."""
         state = self.state
-        variables = self.model.trainable_variables
         grads_and_vars = [(acc / state.samples, v)
-                          for acc, v in zip(state.gradients, variables)]
+                          for acc, v in zip(state.gradients, self.variables)]
         finite = state.window_finite.read_value() if self.precision.checks_finite else None
         self._apply_or_skip(grads_and_vars, finite)
         for acc in state.gradients:
@@ -166,61 +167,67 @@ class Updater:
         self._fused[key]([g for g, _ in grads_and_vars])
 
 
-def make_train_step(model, loss_tracker, updater, precision, hooks=None):
-    """Returns `step(batch) -> batch size` that trains `model` on one (micro-)batch."""
+def make_train_step(task, trackers, updaters, precision, counters, hooks=None):
+    """Returns `step(batch) -> batch size`: every update of `task` on one (micro-)batch.
+
+    All losses come from one forward pass under one tape (persistent when
+    the task has several updates). Each update differentiates its own loss
+    with respect to its own variables; the backward pass reads the values
+    recorded in the forward, so an update applied first (the discriminator)
+    does not change the gradient of the next (the generator).
+    """
     hooks = hooks or StepHooks()
+    updates = task.updates
 
     def train_step(batch):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            precision_lib.warn_low_precision_outputs(model, y_pred)
-            y_pred = precision_lib.to_float32(y_pred)
-            # Keras' losses already divide by the number of replicas, so the
-            # sum of per-replica gradients is the gradient of the global-batch
-            # mean (the reduction tf.distribute expects).
-            loss = model.compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
-            loss = guards.check_loss(loss)
-            loss = hooks.on_loss(loss)
-            scaled_loss = precision.scale_loss(loss)
-        variables = model.trainable_variables
-        gradients = precision.unscale(tape.gradient(scaled_loss, variables))
-        batch_size = batch_size_of(x)
-        updater.add(gradients, variables, batch_size)
-        loss_tracker.update_state(_unscale_for_replicas(loss), sample_weight=batch_size)
-        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return batch_size
+        with tf.GradientTape(persistent=len(updates) > 1) as tape:
+            losses, outputs = task.run_losses(batch, training=True)
+            objectives = []
+            for update in updates:
+                objective = guards.check_loss(update.objective(losses, counters),
+                                              where=f"the loss of update {update.name!r}")
+                objectives.append(precision.scale_loss(hooks.on_loss(objective)))
+        size = task_batch_size(batch)
+        for update, updater, objective in zip(updates, updaters, objectives):
+            def run(update=update, updater=updater, objective=objective):
+                variables = updater.variables
+                gradients = precision.unscale(tape.gradient(objective, variables))
+                updater.add(gradients, variables, size)
+                after = getattr(update.loss, "after_gradients", None)
+                if after is not None:
+                    after(tape, losses, counters)
+
+            if update.every == 1:
+                run()
+            else:
+                tf.cond(counters.step % update.every == 0, run, lambda: None)
+        del tape
+        counters.step.assign_add(1)
+        for name, value in losses.items():
+            trackers[name].update_state(_unscale_for_replicas(value), sample_weight=size)
+        task.update_metrics(batch, outputs)
+        return size
 
     return train_step
 
 
-def make_test_step(model, loss_tracker):
-    """Returns `step(batch) -> batch size` that updates loss and metrics only."""
+def make_test_step(task, trackers):
+    """Returns `step(batch) -> batch size` that updates losses and metrics only."""
 
     def test_step(batch):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        y_pred = precision_lib.to_float32(model(x, training=False))
-        loss = model.compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
-        )
-        batch_size = batch_size_of(x)
-        loss_tracker.update_state(_unscale_for_replicas(loss), sample_weight=batch_size)
-        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return batch_size
+        losses, outputs = task.run_losses(batch, training=False)
+        size = task_batch_size(batch)
+        for name, value in losses.items():
+            trackers[name].update_state(_unscale_for_replicas(value), sample_weight=size)
+        task.update_metrics(batch, outputs)
+        return size
 
     return test_step
 
 
-def make_predict_step(model):
+def make_predict_step(task):
     """Returns `step(batch) -> outputs` for inference."""
-
-    def predict_step(batch):
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
-        return model(x, training=False)
-
-    return predict_step
+    return task.predict_step
 
 
 def compile_step(step, *, jit_compile, run_eagerly):
@@ -314,18 +321,19 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
     return tf.function(loop, autograph=False)
 
 
-def metric_results(loss_tracker, model, precision=None):
-    """Returns a function giving `{"loss": ..., <metric>: ..., <precision logs>}` as tensors."""
+def metric_results(trackers, task, precision):
+    """Returns a function giving every log value of a step as tensors.
+
+    Each loss, the task's metrics, the precision plugin's values (loss
+    scale, skipped steps) and each weighting's current weights.
+    """
 
     def results():
-        logs = {"loss": loss_tracker.result()}
-        for name, value in model.get_metrics_result().items():
-            # The model's own (unused) loss tracker is also called "loss":
-            # tapeworks tracks the loss itself, so its value wins.
-            if name != "loss":
-                logs[name] = value
-        if precision is not None:
-            logs.update(precision.logs())
+        logs = {name: tracker.result() for name, tracker in trackers.items()}
+        logs.update(task.metric_results())
+        logs.update(precision.logs())
+        for update in task.updates:
+            logs.update(getattr(update.loss, "logs", dict)())
         return logs
 
     return results

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine import autotune, guards, step
+from tapeworks.engine import task as task_lib
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.data_adapter import as_dataset
 from tapeworks.engine.progress import EpochProgress, resolve_verbose
@@ -88,14 +89,29 @@ class Trainer:
     values at that point.
     """
 
-    def __init__(self, model, optimizer, loss, metrics=None, *, loss_weights=None,
+    def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
                  jit_compile="auto", steps_per_call="auto", seed=None,
                  run_eagerly=False, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None):
-        if not isinstance(model, keras.Model):
+        if isinstance(model, task_lib.Task):
+            given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
+                                    ("metrics", metrics), ("loss_weights", loss_weights))
+                     if v is not None]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(f'`{n}`' for n in given)} given with a Task. A Task declares "
+                    "its own losses and optimizers (`add_update`). Fix: pass them there.")
+        elif not isinstance(model, keras.Model):
             raise ConfigError(
-                f"`model` must be a keras.Model. Received: {type(model).__name__}. "
-                "Fix: wrap layers in keras.Sequential or a Functional model."
+                f"`model` must be a keras.Model or a tapeworks.Task. Received: "
+                f"{type(model).__name__}. Fix: wrap layers in keras.Sequential or a "
+                "Functional model."
+            )
+        elif loss is None or optimizer is None:
+            raise ConfigError(
+                "`optimizer` and `loss` are required with a model. Expected a Keras "
+                "optimizer (or its name, \"adam\") and a Keras loss, its name (\"mse\") or "
+                "a function loss(y_true, y_pred)."
             )
         if jit_compile not in (True, False, "update", "auto"):
             raise ConfigError(
@@ -107,11 +123,6 @@ class Trainer:
             raise ConfigError(
                 "`steps_per_call` must be an integer >= 1 or \"auto\". "
                 f"Received: steps_per_call={steps_per_call!r}"
-            )
-        if loss is None:
-            raise ConfigError(
-                "`loss` is required. Expected a Keras loss, its name (\"mse\") "
-                "or a function loss(y_true, y_pred)."
             )
         if run_eagerly and jit_compile in (True, "update"):
             raise ConfigError(
@@ -125,38 +136,37 @@ class Trainer:
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(
                     f"`{name}` must be None or a number > 0. Received: {name}={value!r}")
-        self.precision = self._resolve_precision(model, precision)
-        self.precision.apply_to(model)
-        self.model = model
-        # Keras resolves strings, wraps plain loss functions and builds the
-        # metric containers; tapeworks only runs the loop.
-        model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
-                      loss_weights=loss_weights, jit_compile=False)
-        self.optimizer = model.optimizer
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            # Keras wraps the optimizer of a mixed_float16 model; tapeworks
-            # scales the loss itself (per accumulation window), so the
-            # wrapper would unscale a second time.
-            self.optimizer = self.optimizer.inner_optimizer
-            model.optimizer = self.optimizer
+        first_model = model if isinstance(model, keras.Model) else model.model
+        self.precision = self._resolve_precision(first_model, precision)
+        self.task = model if isinstance(model, task_lib.Task) else task_lib.SupervisedTask(
+            model, optimizer, loss, metrics, loss_weights)
+        for member in self.task.models:
+            self.precision.apply_to(member)
+        self.model = self.task.model
+        self.optimizer = self.task.updates[0].optimizer
         self.seed = seed
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.clip_value = clip_value
-        self.state = None       # UpdateState, created with the variables in _build
+        self.states = []        # one UpdateState per update, created in _build
+        self.counters = None    # step and epoch variables, created in _build
         self.run_eagerly = run_eagerly
         self.allow_missing_gradients = allow_missing_gradients
         self._jit_setting = jit_compile
         self._steps_setting = steps_per_call
-        self._loss_tracker = keras.metrics.Mean(name="loss")
+        self._trackers = {}
         self._planner = None
         self._loops = {}
         self.traces = collections.Counter()
         self.hooks = step.StepHooks()
         self._strategy = tf.distribute.get_strategy()
-        self._results = step.metric_results(self._loss_tracker, model, self.precision)
         self._built = False
         self._announced = False
+
+    @property
+    def state(self):
+        """The UpdateState of the first update (the only one in the supervised case)."""
+        return self.states[0] if self.states else None
 
     # Public results of "auto" ---------------------------------------------
 
@@ -208,18 +218,18 @@ class Trainer:
         verbose = resolve_verbose(verbose)
         _check_epochs(epochs, initial_epoch, steps_per_epoch)
         dataset = as_dataset(data, batch_size=batch_size, shuffle=shuffle, seed=self.seed)
-        guards.check_data_spec(dataset.element_spec, self.model, name="data")
+        self.task.check_data(dataset.element_spec, "data")
         val_dataset = None
         if validation_data is not None:
             val_dataset = as_dataset(validation_data, batch_size=validation_batch_size
                                      or batch_size, name="validation_data")
-            guards.check_data_spec(val_dataset.element_spec, self.model,
-                                   name="validation_data")
+            self.task.check_data(val_dataset.element_spec, "validation_data")
         self._build(dataset.element_spec)
         if self._planner is None:
             self._planner = autotune.CallPlanner(
                 self._jit_setting, self._steps_setting,
-                xla_available=not self.run_eagerly and _model_supports_xla(self.model),
+                xla_available=not self.run_eagerly and all(
+                    _model_supports_xla(m) for m in self.task.models),
             )
 
         steps_known = steps_per_epoch or _known_steps(dataset)
@@ -235,6 +245,7 @@ class Trainer:
         logs = {}
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
+            self.counters.epoch.assign(epoch)
             callback_list.on_epoch_begin(epoch)
             progress = EpochProgress(epoch, epochs, steps_known, verbose)
             if iterator is None or steps_per_epoch is None:
@@ -349,12 +360,17 @@ class Trainer:
 
     def _close_partial_window(self):
         """Applies a window left with fewer than `accumulate` micro-batches at epoch end."""
-        if self.accumulate == 1 or not bool(self.state.has_pending()):
+        if self.accumulate == 1 or not any(bool(s.has_pending()) for s in self.states):
             return
         if "close_window" not in self._loops:
-            close = self._updater(self.jit_compile or False).close_window
-            self._loops["close_window"] = (close if self.run_eagerly
-                                           else tf.function(close, autograph=False))
+            updaters = self._updaters(self.jit_compile or False)
+
+            def close_all():
+                for updater in updaters:
+                    tf.cond(updater.state.has_pending(), updater.close_window, lambda: None)
+
+            self._loops["close_window"] = (close_all if self.run_eagerly
+                                           else tf.function(close_all, autograph=False))
         self._loops["close_window"]()
 
     @property
@@ -365,12 +381,17 @@ class Trainer:
         restoring it and training on resumes exactly, mid-window included.
         Available once `fit` (or `evaluate`) has built the variables.
         """
-        if self.state is None:
+        if not self._built:
             raise ConfigError(
                 "The trainer has not created its variables yet. Expected a call to "
                 "`fit` first (or to `build_state(data)`), then `checkpoint`.")
-        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                   update_state=self.state, precision=self.precision)
+        parts = {f"model_{i}": m for i, m in enumerate(self.task.models)}
+        parts.update({f"optimizer_{i}": u.optimizer for i, u in enumerate(self.task.updates)})
+        parts.update({f"update_state_{i}": s for i, s in enumerate(self.states)})
+        for i, update in enumerate(self.task.updates):
+            if isinstance(update.loss, tf.Module):
+                parts[f"weighting_{i}"] = update.loss
+        return tf.train.Checkpoint(precision=self.precision, counters=self.counters, **parts)
 
     def build_state(self, data, batch_size=None):
         """Creates all variables for batches like `data`, without training.
@@ -378,7 +399,7 @@ class Trainer:
         Use it to restore a checkpoint into a fresh trainer before `fit`.
         """
         dataset = as_dataset(data, batch_size=batch_size)
-        guards.check_data_spec(dataset.element_spec, self.model, name="data")
+        self.task.check_data(dataset.element_spec, "data")
         self._build(dataset.element_spec)
         return self
 
@@ -397,7 +418,7 @@ class Trainer:
     def evaluate(self, data, *, batch_size=None, callbacks=None, verbose=0):
         """Returns `{"loss": ..., <metric>: ...}` over all of `data`."""
         dataset = as_dataset(data, batch_size=batch_size, name="data")
-        guards.check_data_spec(dataset.element_spec, self.model, name="data")
+        self.task.check_data(dataset.element_spec, "data")
         self._build(dataset.element_spec)
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=self.model, verbose=resolve_verbose(verbose))
@@ -427,8 +448,7 @@ class Trainer:
     def predict(self, x, batch_size=None):
         """Returns the model's outputs on `x` as NumPy (a dict/list for several outputs)."""
         dataset = as_dataset(x, batch_size=batch_size, name="x")
-        guards.check_data_spec(dataset.element_spec, self.model, needs_targets=False,
-                               name="x")
+        self.task.check_data(dataset.element_spec, "x", needs_targets=False)
         self._build(dataset.element_spec, targets=False)
         loop = self._predict_loop(dataset.element_spec)
         iterator = iter(dataset)
@@ -447,7 +467,7 @@ class Trainer:
     # Building -------------------------------------------------------------
 
     def _build(self, element_spec, targets=True):
-        """Creates every variable (model, optimizer, metrics) before compiling.
+        """Creates every variable (models, optimizers, metrics, state) before compiling.
 
         A `tf.function` that creates variables is traced twice; creating them
         up front keeps the training loop at one trace, which also makes
@@ -457,42 +477,58 @@ class Trainer:
             return
         x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
         with guards.inside_step():
-            if not self.model.built:
+            if isinstance(self.task, task_lib.SupervisedTask) and not self.model.built:
                 tf.function(lambda x: self.model(x, training=False)).get_concrete_function(
                     x_spec)
-            if targets:
-                test = step.make_test_step(self.model, keras.metrics.Mean())
-                tf.function(test, autograph=False).get_concrete_function(element_spec)
-                self.optimizer.build(self.model.trainable_variables)
-                self.state = step.UpdateState(
-                    self.model.trainable_variables if self.accumulate > 1 else [],
-                    self.accumulate)
-                self._built = True
+            if not targets:
+                return
+
+            def probe(batch):
+                losses, outputs = self.task.run_losses(batch, training=False)
+                self.task.update_metrics(batch, outputs)
+                return losses
+
+            traced = tf.function(probe, autograph=False).get_concrete_function(element_spec)
+            self.task._capture_specs = {
+                name: tf.TensorSpec(t.shape, t.dtype)
+                for name, t in self.task._captures.items()}
+            self._trackers = {name: keras.metrics.Mean(name=name)
+                              for name in traced.structured_outputs}
+            self.states = []
+            for update in self.task.updates:
+                variables = update.variables()
+                update.optimizer.build(variables)
+                self.states.append(step.UpdateState(variables, self.accumulate))
+            self.counters = task_lib.Counters()
+            if not isinstance(self.task, task_lib.SupervisedTask):
+                self.task.check_helpers()
+            self._built = True
 
     def _step(self, kind, jit):
         """One compiled step ("train" or "test"), cached per execution mode."""
         key = (kind + "_step", jit)
         if key not in self._loops:
             if kind == "train":
-                one = step.make_train_step(self.model, self._loss_tracker,
-                                           self._updater(jit), self.precision,
-                                           hooks=self.hooks)
+                one = step.make_train_step(self.task, self._trackers, self._updaters(jit),
+                                           self.precision, self.counters, hooks=self.hooks)
             else:
-                one = step.make_test_step(self.model, self._loss_tracker)
+                one = step.make_test_step(self.task, self._trackers)
             one = self._count_traces(one, f"{kind}_step")
             self._loops[key] = step.compile_step(one, jit_compile=jit is True,
                                                  run_eagerly=self.run_eagerly)
         return self._loops[key]
 
-    def _updater(self, mode):
-        """The Updater for an execution mode; all modes share one state and precision."""
-        key = ("updater", mode)
+    def _updaters(self, mode):
+        """One Updater per update for an execution mode; modes share state and precision."""
+        key = ("updaters", mode)
         if key not in self._loops:
-            self._loops[key] = step.Updater(
-                self.model, self.optimizer, self.precision, self.state,
-                clip_norm=self.clip_norm, clip_value=self.clip_value,
-                allow_missing_gradients=self.allow_missing_gradients, hooks=self.hooks,
-                fuse_update=mode == "update" and not self.run_eagerly)
+            self._loops[key] = [
+                step.Updater(update.optimizer, self.precision, state, update.variables(),
+                             clip_norm=self.clip_norm, clip_value=self.clip_value,
+                             allow_missing_gradients=self.allow_missing_gradients,
+                             hooks=self.hooks,
+                             fuse_update=mode == "update" and not self.run_eagerly)
+                for update, state in zip(self.task.updates, self.states)]
         return self._loops[key]
 
     def _loop(self, kind, jit):
@@ -507,7 +543,7 @@ class Trainer:
     def _predict_loop(self, element_spec):
         key = ("predict", self._inference_jit())
         if key not in self._loops:
-            one = self._count_traces(step.make_predict_step(self.model), "predict_step")
+            one = self._count_traces(step.make_predict_step(self.task), "predict_step")
             spec = tf.function(one).get_concrete_function(element_spec).structured_outputs
             spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), spec)
             self.traces["predict_step"] -= 1  # that trace only read the output spec
@@ -529,8 +565,12 @@ class Trainer:
         return not self.run_eagerly and self.jit_compile is True
 
     def _reset_metrics(self):
-        self._loss_tracker.reset_state()
-        self.model.reset_metrics()
+        for tracker in self._trackers.values():
+            tracker.reset_state()
+        self.task.reset_metrics()
+
+    def _results(self):
+        return step.metric_results(self._trackers, self.task, self.precision)()
 
 
 def _model_supports_xla(model):

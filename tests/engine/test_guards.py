@@ -139,7 +139,8 @@ def test_integer_loss(data):
 
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(jit_compile="yes"), "jit_compile"),
-    (dict(loss=None), "`loss` is required"),
+    (dict(loss=None), "`optimizer` and `loss` are required"),
+    (dict(optimizer=None), "`optimizer` and `loss` are required"),
     (dict(run_eagerly=True, jit_compile=True), "run_eagerly"),
 ])
 def test_bad_arguments(kwargs, pattern):

@@ -1,0 +1,309 @@
+"""Tasks: what one training step computes, for one model or several.
+
+A `Task` names its models, declares its updates (each: a loss, the variables
+it trains, its own optimizer, how often) and computes every loss of a step
+from one forward pass in `compute_losses`. The Trainer turns that into one
+compiled step. `SupervisedTask` is the plain `Trainer(model, optimizer, loss)`
+case: one model, one update, Keras' own `compute_loss`/`compute_metrics`.
+
+Example: a GAN whose generator output is computed once and used by both
+losses.
+
+```python
+class GAN(tapeworks.Task):
+    def __init__(self, generator, discriminator, noise_dim):
+        super().__init__()
+        self.generator, self.discriminator = generator, discriminator
+        self.noise_dim = noise_dim
+        bce = keras.losses.BinaryCrossentropy(from_logits=True)
+        self.bce = bce
+        self.add_update("discriminator", loss="d_loss", trains=discriminator,
+                        optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5))
+        self.add_update("generator", loss="g_loss", trains=generator,
+                        optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5))
+
+    def compute_losses(self, batch, training):
+        real = batch
+        noise = tf.random.normal((tf.shape(real)[0], self.noise_dim))
+        fake = self.generator(noise, training=training)
+        real_logits = self.discriminator(real, training=training)
+        fake_logits = self.discriminator(fake, training=training)
+        d_loss = (self.bce(tf.ones_like(real_logits), real_logits)
+                  + self.bce(tf.zeros_like(fake_logits), fake_logits))
+        g_loss = self.bce(tf.ones_like(fake_logits), fake_logits)
+        self.capture("fake", fake)
+        return {"d_loss": d_loss, "g_loss": g_loss}
+```
+"""
+
+import dataclasses
+import warnings
+
+import keras
+import tensorflow as tf
+
+from tapeworks.engine import guards
+from tapeworks.engine import precision as precision_lib
+from tapeworks.engine.data_adapter import batch_size_of
+from tapeworks.errors import ConfigError
+
+
+@dataclasses.dataclass
+class Update:
+    """One optimizer update inside a step.
+
+    Attributes:
+        name: shown in errors and logs.
+        loss: the name of a loss returned by `compute_losses`, a function
+            `(losses, counters) -> scalar`, or a weighting object from
+            `tapeworks.weighting` (static, scheduled, uncertainty, GradNorm).
+        trains: models, layers or variables whose trainable variables this
+            update changes.
+        optimizer: a Keras optimizer (or its name).
+        every: apply this update on every k-th step only (k discriminator
+            updates per generator update: the generator's `every=k`).
+    """
+
+    name: str
+    loss: object
+    trains: list
+    optimizer: object
+    every: int = 1
+
+    def variables(self):
+        found, seen = [], set()
+        for item in self.trains:
+            if isinstance(item, tf.Variable) or hasattr(item, "assign"):
+                candidates = [item]
+            else:
+                candidates = list(item.trainable_variables)
+            for variable in candidates:
+                if id(variable) not in seen:
+                    seen.add(id(variable))
+                    found.append(variable)
+        for extra in getattr(self.loss, "trainable_variables", ()):
+            if id(extra) not in seen:
+                seen.add(id(extra))
+                found.append(extra)
+        return found
+
+    def objective(self, losses, counters):
+        """This update's scalar loss, from the step's dict of losses."""
+        if isinstance(self.loss, str):
+            if self.loss not in losses:
+                raise ConfigError(
+                    f"Update {self.name!r} trains on loss {self.loss!r}, but "
+                    f"`compute_losses` returned {sorted(losses)}. Expected one of those "
+                    "names. Fix: return it from `compute_losses` or name another loss.")
+            return losses[self.loss]
+        if hasattr(self.loss, "combine"):
+            return self.loss.combine(losses, counters)
+        return self.loss(losses, counters)
+
+
+class Frozen:
+    """A pretrained helper model (critic, teacher), frozen by `Task.freeze`.
+
+    Calling it always runs the model with `training=False`. Its weights are
+    not trainable, so no update can change them and no optimizer holds
+    slots for them, yet gradients still flow *through* it to whatever
+    produced its input.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        model.trainable = False
+
+    def __call__(self, *args, **kwargs):
+        kwargs["training"] = False
+        return self.model(*args, **kwargs)
+
+    @property
+    def weights(self):
+        return self.model.weights
+
+
+class Counters(tf.Module):
+    """Step and epoch as variables: scheduled weights read them in the graph."""
+
+    def __init__(self):
+        super().__init__(name="counters")
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+
+
+class Task:
+    """Several models trained in one compiled step. Subclass it.
+
+    In `__init__`, assign the models as attributes, call `add_update` for
+    each update and `freeze` for each pretrained helper; override
+    `compute_losses`. Optionally override `update_metrics`,
+    `metric_results`, `reset_metrics` and `predict_step`.
+    """
+
+    def __init__(self):
+        self._updates = []
+        self._frozen = []
+        self._captures = {}
+        self._capture_specs = {}
+
+    # Declaring ------------------------------------------------------------
+
+    def add_update(self, name, loss, trains, optimizer, every=1):
+        if not isinstance(every, int) or every < 1:
+            raise ConfigError(f"`every` must be an integer >= 1. Received: every={every!r}")
+        trains = list(trains) if isinstance(trains, (list, tuple)) else [trains]
+        update = Update(name, loss, trains, keras.optimizers.get(optimizer), every)
+        self._updates.append(update)
+        return update
+
+    def freeze(self, model):
+        """Declares `model` a frozen helper; returns the callable to use in the losses."""
+        frozen = Frozen(model)
+        self._frozen.append(frozen)
+        return frozen
+
+    def capture(self, name, tensor):
+        """Marks `tensor` for copying out of the step (see `Trainer(capture_every=)`)."""
+        self._captures[name] = tensor
+
+    # Overridden by subclasses ---------------------------------------------
+
+    def compute_losses(self, batch, training):
+        """Returns a dict of scalar losses (and may `capture` tensors)."""
+        raise NotImplementedError("Subclasses of tapeworks.Task implement compute_losses.")
+
+    def update_metrics(self, batch, outputs):
+        """Updates metric state after a step; `outputs` is what compute_losses kept."""
+
+    def metric_results(self):
+        return {}
+
+    def reset_metrics(self):
+        pass
+
+    def predict_step(self, batch):
+        x = batch[0] if isinstance(batch, tuple) else batch
+        return self.model(x, training=False)
+
+    def check_data(self, element_spec, name):
+        pass
+
+    # Used by the Trainer ----------------------------------------------------
+
+    @property
+    def updates(self):
+        if not self._updates:
+            raise ConfigError(
+                f"{type(self).__name__} declares no update. Expected at least one "
+                "`self.add_update(name, loss=..., trains=model, optimizer=...)` in __init__.")
+        return self._updates
+
+    @property
+    def models(self):
+        """Every Keras model the task holds as an attribute, frozen helpers included."""
+        found = []
+        for value in vars(self).values():
+            model = value.model if isinstance(value, Frozen) else value
+            if isinstance(model, keras.Model) and all(model is not m for m in found):
+                found.append(model)
+        return found
+
+    @property
+    def model(self):
+        """The model Keras callbacks see as `self.model`: the first trainable one."""
+        frozen = {id(f.model) for f in self._frozen}
+        trainable = [m for m in self.models if id(m) not in frozen]
+        if not trainable:
+            raise ConfigError(f"{type(self).__name__} holds no trainable keras.Model.")
+        return trainable[0]
+
+    @property
+    def frozen_models(self):
+        return [f.model for f in self._frozen]
+
+    def run_losses(self, batch, training):
+        """compute_losses, normalised to (losses, outputs) with float32 scalars."""
+        self._captures = {}
+        result = self.compute_losses(batch, training=training)
+        losses, outputs = result if isinstance(result, tuple) else (result, {})
+        if not isinstance(losses, dict) or not losses:
+            raise ConfigError(
+                f"{type(self).__name__}.compute_losses returned {type(losses).__name__}. "
+                "Expected a non-empty dict of scalar losses, e.g. {\"loss\": loss}.")
+        losses = {name: guards.check_loss(value, where=f"the loss {name!r}")
+                  for name, value in losses.items()}
+        return {k: tf.cast(v, tf.float32) for k, v in losses.items()}, outputs
+
+    def check_helpers(self):
+        """Warns about a trainable model that no update trains (a forgotten freeze)."""
+        trained = {id(v) for u in self.updates for v in u.variables()}
+        frozen = {id(m) for m in self.frozen_models}
+        for model in self.models:
+            if id(model) in frozen or not model.trainable_variables:
+                continue
+            if not any(id(v) in trained for v in model.trainable_variables):
+                warnings.warn(
+                    f"`{model.name}` is trainable but no update trains it: its "
+                    "gradients are computed for nothing and Dropout/BatchNorm run in "
+                    "whatever mode its calls ask for. Fix: declare it with "
+                    "`self.<name> = self.freeze(model)` (or add an update for it).",
+                    stacklevel=3)
+
+
+class SupervisedTask(Task):
+    """One Keras model, one loss, one optimizer: `Trainer(model, optimizer, loss)`."""
+
+    def __init__(self, model, optimizer, loss, metrics=None, loss_weights=None):
+        super().__init__()
+        self.network = model
+        # Keras resolves strings, wraps plain loss functions and builds the
+        # metric containers; tapeworks only runs the loop.
+        model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
+                      loss_weights=loss_weights, jit_compile=False)
+        optimizer = model.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            # Keras wraps the optimizer of a mixed_float16 model; tapeworks
+            # scales the loss itself (per accumulation window), so the
+            # wrapper would unscale a second time.
+            optimizer = optimizer.inner_optimizer
+            model.optimizer = optimizer
+        self._updates.append(Update("model", "loss", [model], optimizer))
+
+    def compute_losses(self, batch, training):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        y_pred = self.network(x, training=training)
+        precision_lib.warn_low_precision_outputs(self.network, y_pred)
+        y_pred = precision_lib.to_float32(y_pred)
+        # Keras' losses already divide by the number of replicas, so the sum
+        # of per-replica gradients is the gradient of the global-batch mean.
+        loss = self.network.compute_loss(x=x, y=y, y_pred=y_pred,
+                                         sample_weight=sample_weight, training=training)
+        guards.check_loss(loss)
+        return {"loss": loss}, {"x": x, "y": y, "y_pred": y_pred,
+                                "sample_weight": sample_weight}
+
+    def update_metrics(self, batch, outputs):
+        self.network.compute_metrics(outputs["x"], outputs["y"], outputs["y_pred"],
+                                     sample_weight=outputs["sample_weight"])
+
+    def metric_results(self):
+        # The model's own (unused) loss tracker is also called "loss":
+        # tapeworks tracks the loss itself, so its value wins.
+        return {k: v for k, v in self.network.get_metrics_result().items() if k != "loss"}
+
+    def reset_metrics(self):
+        self.network.reset_metrics()
+
+    def predict_step(self, batch):
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
+        return self.network(x, training=False)
+
+    def check_data(self, element_spec, name, needs_targets=True):
+        guards.check_data_spec(element_spec, self.network, needs_targets=needs_targets,
+                               name=name)
+
+
+def batch_size(batch):
+    x = batch[0] if isinstance(batch, tuple) else batch
+    return batch_size_of(x)
