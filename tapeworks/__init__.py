@@ -10,7 +10,14 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Trainer": "tapeworks.engine.trainer",
+    "Task": "tapeworks.engine.task",
     "StepHooks": "tapeworks.engine.step",
+    "CaptureCallback": "tapeworks.engine.capture",
+    "StaticWeights": "tapeworks.engine.weighting",
+    "ScheduledWeights": "tapeworks.engine.weighting",
+    "UncertaintyWeighting": "tapeworks.engine.weighting",
+    "GradNorm": "tapeworks.engine.weighting",
+    "gradient_penalty": "tapeworks.engine.penalties",
     "TapeworksError": "tapeworks.errors",
     "ConfigError": "tapeworks.errors",
     "DataSpecError": "tapeworks.errors",

@@ -72,18 +72,23 @@ class CallPlanner:
             layer that does not support it).
     """
 
-    def __init__(self, jit_compile, steps_per_call, xla_available=True):
+    def __init__(self, jit_compile, steps_per_call, xla_available=True, max_steps=None):
         self._fixed_steps = None if steps_per_call == "auto" else int(steps_per_call)
+        if max_steps == 1:
+            self._fixed_steps = 1
         if jit_compile == "auto":
             self._modes = [False, "update", True] if xla_available else [False]
         else:
             self._modes = [jit_compile]
-        self._step_options = ([1, PROBE_STEPS] if self._fixed_steps is None
+        self._step_options = ([1, min(PROBE_STEPS, max_steps or PROBE_STEPS)]
+                              if self._fixed_steps is None
                               else [self._fixed_steps])
         self._calls = {}          # jit -> [(steps, samples, seconds)] of full timed calls
         self._checks = {}         # (jit, steps) -> [seconds per sample] while verifying
         self._reference_batch = None
-        self._max_steps = MAX_STEPS_PER_CALL
+        # A hard cap from the caller (captures every k steps), never lifted.
+        self._cap = max_steps or MAX_STEPS_PER_CALL
+        self._max_steps = self._cap
         self._candidate = None    # the measured best, while it is checked
         self.notes = []
         self.choice = None
@@ -109,7 +114,7 @@ class CallPlanner:
         A call as long as an epoch would nearly always be cut short by the end
         of the data.
         """
-        self._max_steps = max(1, min(int(max_steps), MAX_STEPS_PER_CALL))
+        self._max_steps = max(1, min(int(max_steps), self._cap))
         if self.choice is not None and self.choice.steps_per_call > self._max_steps \
                 and self._fixed_steps is None:
             self.choice = Choice(self.choice.jit_compile, self._max_steps,

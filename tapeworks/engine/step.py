@@ -167,7 +167,8 @@ class Updater:
         self._fused[key]([g for g, _ in grads_and_vars])
 
 
-def make_train_step(task, trackers, updaters, precision, counters, hooks=None):
+def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
+                    capture=False):
     """Returns `step(batch) -> batch size`: every update of `task` on one (micro-)batch.
 
     All losses come from one forward pass under one tape (persistent when
@@ -178,9 +179,12 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None):
     """
     hooks = hooks or StepHooks()
     updates = task.updates
+    # Several updates, or a weighting that needs gradients of its own
+    # (GradNorm), differentiate the same recorded forward more than once.
+    persistent = len(updates) > 1 or any(hasattr(u.loss, "after_gradients") for u in updates)
 
     def train_step(batch):
-        with tf.GradientTape(persistent=len(updates) > 1) as tape:
+        with tf.GradientTape(persistent=persistent) as tape:
             losses, outputs = task.run_losses(batch, training=True)
             objectives = []
             for update in updates:
@@ -206,6 +210,10 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None):
         for name, value in losses.items():
             trackers[name].update_state(_unscale_for_replicas(value), sample_weight=size)
         task.update_metrics(batch, outputs)
+        if capture:
+            # Returned, not stored here: the loop copies them on k-th steps
+            # only, outside XLA (see capture.py).
+            return size, dict(task._captures)
         return size
 
     return train_step
@@ -243,12 +251,13 @@ def compile_step(step, *, jit_compile, run_eagerly):
                        autograph=False)
 
 
-def make_loop(one_step, results, *, run_eagerly, strategy=None):
+def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None):
     """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs)`.
 
     Runs up to `num_steps` steps, fewer when the data ends. `results()`
     returns the dict of metric tensors read once at the end of the call: the
-    call's only host sync.
+    call's only host sync. With `on_outputs`, a step returns (batch size,
+    extra) and `on_outputs(extra)` runs in the loop, after the step.
     """
     strategy = strategy or tf.distribute.get_strategy()
 
@@ -258,6 +267,9 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None):
 
             def run():
                 per_replica = strategy.run(one_step, args=(optional.get_value(),))
+                if on_outputs is not None:
+                    per_replica, extra = per_replica
+                    on_outputs(extra)
                 batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
                 return steps + 1, samples + batch, tf.constant(False)
 

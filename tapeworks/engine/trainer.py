@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine import autotune, guards, step
+from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.data_adapter import as_dataset
@@ -92,7 +93,7 @@ class Trainer:
     def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
                  jit_compile="auto", steps_per_call="auto", seed=None,
                  run_eagerly=False, allow_missing_gradients=False, accumulate=1,
-                 precision="float32", clip_norm=None, clip_value=None):
+                 precision="float32", clip_norm=None, clip_value=None, capture_every=None):
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
                                     ("metrics", metrics), ("loss_weights", loss_weights))
@@ -132,6 +133,16 @@ class Trainer:
         if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
             raise ConfigError(
                 f"`accumulate` must be an integer >= 1. Received: accumulate={accumulate!r}")
+        if capture_every is not None and not (
+                isinstance(capture_every, int) and capture_every >= 1):
+            raise ConfigError("`capture_every` must be None or an integer >= 1. Received: "
+                              f"capture_every={capture_every!r}")
+        if capture_every and isinstance(steps_per_call, int) and steps_per_call > capture_every:
+            raise ConfigError(
+                f"`steps_per_call` ({steps_per_call}) is larger than `capture_every` "
+                f"({capture_every}): a call would hold several captures and keep only the last. "
+                "Expected steps_per_call <= capture_every. Fix: lower steps_per_call or use "
+                "\"auto\".")
         for name, value in (("clip_norm", clip_norm), ("clip_value", clip_value)):
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(
@@ -148,6 +159,9 @@ class Trainer:
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.clip_value = clip_value
+        self.capture_every = capture_every
+        self._capture = None    # Capture buffers, created in _build
+        self._delivered_capture = -1
         self.states = []        # one UpdateState per update, created in _build
         self.counters = None    # step and epoch variables, created in _build
         self.run_eagerly = run_eagerly
@@ -227,7 +241,7 @@ class Trainer:
         self._build(dataset.element_spec)
         if self._planner is None:
             self._planner = autotune.CallPlanner(
-                self._jit_setting, self._steps_setting,
+                self._jit_setting, self._steps_setting, max_steps=self.capture_every,
                 xla_available=not self.run_eagerly and all(
                     _model_supports_xla(m) for m in self.task.models),
             )
@@ -288,6 +302,7 @@ class Trainer:
             ran, samples, call_logs, seconds = self._run_train_call(probe, iterator, num_steps)
             if ran:
                 self._planner.record(probe, num_steps, ran, samples, seconds)
+                self._deliver_capture(callback_list)
                 self._announce_choice_once()
                 steps_done += ran
                 samples_done += samples
@@ -337,6 +352,7 @@ class Trainer:
         with guards.inside_step():
             try:
                 samples = self._strategy.run(self._step("train", jit), args=(batch,))
+                samples = self._split_capture(samples)
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
                 if not jit or self._jit_setting != "auto":
                     raise
@@ -346,9 +362,33 @@ class Trainer:
                 self._planner.drop_xla(error, jit)
                 jit = False
                 samples = self._strategy.run(self._step("train", jit), args=(batch,))
+                samples = self._split_capture(samples)
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
             logs = {k: float(v) for k, v in self._results().items()}
         return 1, int(samples), logs, time.perf_counter() - start
+
+    def _split_capture(self, outputs):
+        """A first step's outputs: records its captures, returns its batch size."""
+        if self._capture is None:
+            return outputs
+        size, extra = outputs
+        self._record_capture(extra)
+        return size
+
+    def _record_capture(self, extra):
+        self._capture.maybe_record(self.counters.step - 1, extra)
+
+    def _deliver_capture(self, callback_list):
+        """Hands newly captured tensors to callbacks with `on_capture` (one read per capture)."""
+        if self._capture is None:
+            return
+        if int(self._capture.step) == self._delivered_capture:
+            return
+        step_index, tensors = self._capture.read()
+        self._delivered_capture = step_index
+        for callback in callback_list.callbacks:
+            if hasattr(callback, "on_capture"):
+                callback.on_capture(step_index, tensors)
 
     def _announce_choice_once(self):
         if self._planner.choice is None or self._announced:
@@ -500,6 +540,14 @@ class Trainer:
                 update.optimizer.build(variables)
                 self.states.append(step.UpdateState(variables, self.accumulate))
             self.counters = task_lib.Counters()
+            if self.capture_every:
+                if not self.task._capture_specs:
+                    raise ConfigError(
+                        "`capture_every` was given but the task captures nothing. Expected "
+                        "`self.capture(name, tensor)` calls in `compute_losses`. Fix: add "
+                        "them, or drop capture_every.")
+                self._capture = capture_lib.Capture(self.task._capture_specs,
+                                                    self.capture_every)
             if not isinstance(self.task, task_lib.SupervisedTask):
                 self.task.check_helpers()
             self._built = True
@@ -510,7 +558,8 @@ class Trainer:
         if key not in self._loops:
             if kind == "train":
                 one = step.make_train_step(self.task, self._trackers, self._updaters(jit),
-                                           self.precision, self.counters, hooks=self.hooks)
+                                           self.precision, self.counters, hooks=self.hooks,
+                                           capture=self._capture is not None)
             else:
                 one = step.make_test_step(self.task, self._trackers)
             one = self._count_traces(one, f"{kind}_step")
@@ -535,9 +584,10 @@ class Trainer:
         """N steps per call over an iterator, cached per execution mode."""
         key = (kind, jit)
         if key not in self._loops:
-            self._loops[key] = step.make_loop(self._step(kind, jit), self._results,
-                                              run_eagerly=self.run_eagerly,
-                                              strategy=self._strategy)
+            capture = kind == "train" and self._capture is not None
+            self._loops[key] = step.make_loop(
+                self._step(kind, jit), self._results, run_eagerly=self.run_eagerly,
+                strategy=self._strategy, on_outputs=self._record_capture if capture else None)
         return self._loops[key]
 
     def _predict_loop(self, element_spec):
