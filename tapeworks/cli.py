@@ -15,7 +15,8 @@ def _demo(args):
     from tapeworks.demo import superres
 
     verbose = 0 if args.quiet else "auto"
-    result = superres.run(out_dir=args.out, quick=args.quick, verbose=verbose)
+    result = superres.run(out_dir=args.out, quick=args.quick, verbose=verbose,
+                          perceptual=args.perceptual)
     tuning = result["tuning"]
     print(f"\nHeld-out image ({superres.HELD_OUT}), PSNR on luminance, x{superres.SCALE}:")
     print(f"  bicubic  {result['psnr_bicubic']:6.2f} dB")
@@ -112,6 +113,10 @@ def build_parser():
     demo.add_argument("--quick", action="store_true", help="a few seconds' run, for tests")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.add_argument("--json", help="also write the results to this JSON file")
+    demo.add_argument("--perceptual", type=float, nargs="?", const=0.01, default=None,
+                      metavar="WEIGHT",
+                      help="add a frozen critic's perceptual loss with this weight "
+                           "(default weight when given alone: %(const)s)")
     demo.set_defaults(run=_demo)
 
     bench = verbs.add_parser(

@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine import Trainer
+from tapeworks.engine.task import Task
+from tapeworks.engine.weighting import StaticWeights
 
 SCALE = 2
 TRAIN_IMAGES = (
@@ -110,6 +112,49 @@ def build_model(width=48):
     return keras.Model(lr, BicubicResidual()([lr, residual]), name="espcn_x2")
 
 
+def build_critic(width=16):
+    """A small convolutional critic: tells original patches from bicubic ones."""
+    hr = keras.Input((None, None, 1), name="image")
+    h = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(hr)
+    h = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name="features")(h)
+    score = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling2D()(h))
+    return keras.Model(hr, score, name="sharpness_critic")
+
+
+def pretrain_critic(hr, config):
+    """Trains the critic to tell sharp originals (1) from their bicubic round trip (0).
+
+    This is the "pretrained evaluation model" of the perceptual loss: trained
+    once, here, on the training patches (no download), then frozen.
+    """
+    blurred = upscale_bicubic(downscale(hr)).numpy()
+    x = np.concatenate([hr, blurred])
+    y = np.concatenate([np.ones(len(hr)), np.zeros(len(hr))]).astype("float32")
+    critic = build_critic()
+    Trainer(critic, keras.optimizers.Adam(1e-3),
+            keras.losses.BinaryCrossentropy(from_logits=True), seed=config.seed).fit(
+        (x, y), batch_size=64, epochs=1, verbose=0)
+    return keras.Model(critic.input, critic.get_layer("features").output,
+                       name="critic_features")
+
+
+class PerceptualSR(Task):
+    """Pixel MSE plus the distance between the frozen critic's features of SR and HR."""
+
+    def __init__(self, model, critic_features, weight, optimizer):
+        super().__init__()
+        self.network = model
+        self.critic = self.freeze(critic_features)
+        self.add_update("network", StaticWeights({"pixel": 1.0, "perceptual": weight}),
+                        model, optimizer)
+
+    def compute_losses(self, batch, training):
+        lr, hr = batch
+        sr = self.network(lr, training=training)
+        return {"pixel": tf.reduce_mean(tf.square(sr - hr)),
+                "perceptual": tf.reduce_mean(tf.square(self.critic(sr) - self.critic(hr)))}
+
+
 def psnr(a, b, shave=SHAVE):
     a = np.clip(a, 0, 1)[shave:-shave, shave:-shave]
     b = np.clip(b, 0, 1)[shave:-shave, shave:-shave]
@@ -159,8 +204,12 @@ def save_comparison(images, path, psnrs):
     plt.close(fig)
 
 
-def run(out_dir="tapeworks-demo", quick=False, verbose="auto", config=None):
+def run(out_dir="tapeworks-demo", quick=False, verbose="auto", config=None,
+        perceptual=None):
     """Trains the demo network and writes the comparison PNG and TensorBoard logs.
+
+    With `perceptual=w`, the loss adds w times a frozen critic's feature
+    distance (the critic is pretrained here first; see `pretrain_critic`).
 
     Returns a dict with the PSNRs, the gain over bicubic, timings and paths.
     """
@@ -172,7 +221,12 @@ def run(out_dir="tapeworks-demo", quick=False, verbose="auto", config=None):
     model = build_model(config.width)
     steps = config.epochs * (config.patches // config.batch_size)
     schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, steps)
-    trainer = Trainer(model, keras.optimizers.Adam(schedule), "mse", seed=config.seed)
+    if perceptual:
+        critic = pretrain_critic(hr[: len(hr) // 2], config)
+        task = PerceptualSR(model, critic, perceptual, keras.optimizers.Adam(schedule))
+        trainer = Trainer(task, seed=config.seed)
+    else:
+        trainer = Trainer(model, keras.optimizers.Adam(schedule), "mse", seed=config.seed)
     dataset = (tf.data.Dataset.from_tensor_slices((lr, hr))
                .shuffle(len(lr), seed=config.seed)
                .batch(config.batch_size, drop_remainder=True)

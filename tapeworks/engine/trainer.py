@@ -155,6 +155,10 @@ class Trainer:
             self.precision.apply_to(member)
         self.model = self.task.model
         self.optimizer = self.task.updates[0].optimizer
+        if getattr(self.model, "optimizer", None) is None:
+            # Keras callbacks (TensorBoard, ReduceLROnPlateau) read
+            # `self.model.optimizer`: for a task, the first update's.
+            self.model.optimizer = self.optimizer
         self.seed = seed
         self.accumulate = accumulate
         self.clip_norm = clip_norm

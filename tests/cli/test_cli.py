@@ -43,6 +43,15 @@ def test_demo_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_demo_quick_with_frozen_critic(tmp_path):
+    result = tapeworks("demo", "--quick", "--quiet", "--perceptual", "0.01", "--out",
+                       str(tmp_path), "--json", str(tmp_path / "demo.json"))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    assert summary["psnr_network"] > summary["psnr_bicubic"]
+
+
+@pytest.mark.slow
 def test_bench_quick(tmp_path):
     result = tapeworks("bench", "loops", "--quick", "--repeats", "3", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
