@@ -31,7 +31,8 @@ import dataclasses
 import math
 import statistics
 
-PROBE_STEPS = 8          # the second number of steps per call probed
+PROBE_STEPS = 8          # the least second number of steps per call probed
+PROBE_SECONDS = 0.02     # ... raised until such a call lasts about this long
 ROUNDS = 3               # timed repeats of each probe (medians of these)
 OVERHEAD_SHARE = 0.02    # target share of a call spent on per-call overhead
 MAX_STEPS_PER_CALL = 256
@@ -90,6 +91,8 @@ class CallPlanner:
         self._cap = max_steps or MAX_STEPS_PER_CALL
         self._max_steps = self._cap
         self._candidate = None    # the measured best, while it is checked
+        self._rounds_pending = False
+        self._warm_seconds = []
         self.notes = []
         self.choice = None
         if len(self._modes) == 1 and self._fixed_steps is not None:
@@ -125,7 +128,10 @@ class CallPlanner:
         if self.choice is not None or not self._queue or self._queue[0] is not probe:
             return
         self._queue.pop(0)
-        if probe.kind in (FIRST, WARM):
+        if probe.kind == WARM:
+            if ran:
+                self._warm_seconds.append(seconds / ran)
+        elif probe.kind == FIRST:
             pass
         elif self._is_full(requested, ran, samples):
             if self._candidate is None:
@@ -149,7 +155,7 @@ class CallPlanner:
             self._modes = [False]
             self._queue = self._search_schedule() if self._fixed_steps is None else []
         if self.choice is None and not self._queue:
-            self.choice = Choice(False, self._fixed_steps or 1, "XLA failed to compile")
+            self._advance()
 
     def finish_early(self):
         """`fit` ended before the schedule did: keep the best choice measured so far."""
@@ -181,10 +187,19 @@ class CallPlanner:
     # Schedule -----------------------------------------------------------
 
     def _search_schedule(self):
-        warmups = [Probe(m, 1, kind) for m in self._modes for kind in (FIRST, WARM)]
-        rounds = [Probe(m, n) for _ in range(ROUNDS) for m in self._modes
-                  for n in self._step_options]
-        return warmups + rounds
+        """The warm-up calls; the timed rounds follow once they tell a call's length."""
+        self._warm_seconds = []
+        self._rounds_pending = True
+        return [Probe(m, 1, kind) for m in self._modes for kind in (FIRST, WARM)]
+
+    def _timed_rounds(self):
+        options = list(self._step_options)
+        if self._fixed_steps is None and self._warm_seconds:
+            # Calls of a few milliseconds are mostly noise on a busy machine:
+            # make the longer probe last about PROBE_SECONDS.
+            wanted = math.ceil(PROBE_SECONDS / max(min(self._warm_seconds), 1e-6))
+            options[1] = max(options[1], min(wanted, self._max_steps, self._cap))
+        return [Probe(m, n) for _ in range(ROUNDS) for m in self._modes for n in options]
 
     def _is_full(self, requested, ran, samples):
         if ran != requested or samples <= 0:
@@ -194,6 +209,11 @@ class CallPlanner:
         return samples == ran * self._reference_batch
 
     def _advance(self):
+        if self._rounds_pending:
+            self._rounds_pending = False
+            self._queue = self._timed_rounds()
+            if self._queue:
+                return
         if self._candidate is None:
             candidate = self._best_measured()
             baseline_measured = any(n == 1 for n, _, _ in self._calls.get(False, []))

@@ -85,6 +85,15 @@ def test_steps_are_capped_by_half_an_epoch_and_call_length():
     assert MAX_STEPS_PER_CALL >= 250
 
 
+def test_probe_calls_grow_until_they_last_long_enough():
+    # 0.1 ms per step, 0.2 ms per call: an 8-step call would last 1 ms, mostly
+    # noise; the longer probe is sized to about 20 ms instead.
+    planner = CallPlanner(False, "auto")
+    asked = drive(planner, lambda jit, steps: 0.0002 + steps * 0.0001)
+    search = [p.steps for p in asked if p.kind == "timed"][:6]  # 3 rounds of 1 and n steps
+    assert search == [1, 67] * 3
+
+
 def test_cut_short_calls_are_not_measured():
     planner = CallPlanner(False, "auto")
     # Every call of 8 steps is cut to 5 by the end of the data: those are
