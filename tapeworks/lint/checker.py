@@ -19,6 +19,7 @@ from tapeworks.lint.rules import PARSE_ERROR, RULES
 
 KERAS_LOOPS_IN_TAPE = ("predict", "predict_on_batch", "train_on_batch")
 TRAINING_CALLS = ("apply_gradients", "train_on_batch", "fit")
+CONSUMERS = ("fit", "evaluate", "predict")  # calls that iterate a dataset for a model
 CONCAT_FUNCS = re.compile(r"(^|\.)(concat|concatenate|vstack|hstack)$|^(np|numpy)\.append$")
 MODEL_NAME = re.compile(
     r"^(.*_)?(model|net|network|generator|gen|discriminator|disc|critic|teacher|student|"
@@ -37,8 +38,35 @@ INT_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "u
 INT_RESULT_FUNCS = {"size", "shape", "rank", "argmax", "argmin", "count_nonzero"}
 REDUCTIONS = {"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "abs", "add",
               "subtract", "multiply", "maximum", "minimum", "square"}
+RATIO_NAME = re.compile(r"acc|ratio|rate|frac|percent|share|mean|avg|precision|recall",
+                        re.IGNORECASE)
 LOSS_SCALING_NAMES = {"LossScaleOptimizer", "scale_loss", "get_scaled_loss",
                       "get_unscaled_gradients", "LossScaleOptimizerV3"}
+
+
+# Nodes with nothing inside that any rule looks at: contexts, operators, constants.
+_LEAVES = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop, ast.Constant)
+
+
+def _children(node):
+    """The child nodes of `node`: `ast.iter_child_nodes`, without its per-field generator."""
+    for field in node._fields:
+        value = getattr(node, field, None)
+        if isinstance(value, list):
+            for item in value:
+                if isinstance(item, ast.AST) and not isinstance(item, _LEAVES):
+                    yield item
+        elif isinstance(value, ast.AST) and not isinstance(value, _LEAVES):
+            yield value
+
+
+def _walk(tree):
+    """Every node below `tree` (order irrelevant), skipping leaves: a faster `ast.walk`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(_children(node))
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -111,8 +139,8 @@ def _target_key(node):
     return None
 
 
-class _FileFacts(ast.NodeVisitor):
-    """What the module as a whole says about its names."""
+class _FileFacts:
+    """What the module as a whole says about its names (one walk over the tree)."""
 
     def __init__(self, tree):
         self.model_classes = set()
@@ -121,61 +149,70 @@ class _FileFacts(ast.NodeVisitor):
         self.has_tape = False
         self.loss_scaling = False
         self.float16_policy_calls = []
-        self.visit(tree)
+        assigns = []
+        for node in _walk(tree):
+            kind = type(node)
+            if kind is ast.Call:
+                self._call(node)
+            elif kind is ast.Assign:
+                assigns.append(node)
+            elif kind is ast.Attribute:
+                if node.attr in LOSS_SCALING_NAMES:
+                    self.loss_scaling = True
+            elif kind is ast.Name:
+                if node.id in LOSS_SCALING_NAMES:
+                    self.loss_scaling = True
+            elif kind in (ast.FunctionDef, ast.AsyncFunctionDef):
+                if any(_is_tf_function(d) for d in node.decorator_list):
+                    self.tf_functions.add(node.name)
+            elif kind is ast.ClassDef:
+                for base in node.bases:
+                    name = dotted(base) or ""
+                    if name.split(".")[-1] in ("Model", "Sequential"):
+                        self.model_classes.add(node.name)
+        # Subclasses of subclasses, in any order of definition.
+        classes = [n for n in _walk(tree) if isinstance(n, ast.ClassDef)] \
+            if self.model_classes else []
+        grew = True
+        while grew:
+            grew = False
+            for node in classes:
+                if node.name not in self.model_classes and any(
+                        (dotted(b) or "") in self.model_classes for b in node.bases):
+                    self.model_classes.add(node.name)
+                    grew = True
+        for node in assigns:
+            self._assign(node)
 
-    def visit_ClassDef(self, node):
-        for base in node.bases:
-            name = dotted(base) or ""
-            if name.split(".")[-1] in ("Model", "Sequential") or name in self.model_classes:
-                self.model_classes.add(node.name)
-        self.generic_visit(node)
-
-    def visit_FunctionDef(self, node):
-        if any(_is_tf_function(d) for d in node.decorator_list):
-            self.tf_functions.add(node.name)
-        self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_Assign(self, node):
-        kind = self._keras_kind(node.value)
-        if isinstance(node.value, ast.Call) and _is_tf_function(node.value.func):
-            for target in node.targets:
-                key = _target_key(target)
-                if key:
-                    self.tf_functions.add(key.split(".")[-1])
-        if kind:
-            for target in node.targets:
-                key = _target_key(target)
-                if key:
-                    self.keras_objects[key] = kind
-        self.generic_visit(node)
-
-    def visit_Call(self, node):
+    def _call(self, node):
         name = _call_name(node) or ""
-        if _is_tape_call(node):
+        if name == "GradientTape" or name.endswith(".GradientTape"):
             self.has_tape = True
-        if name.endswith("set_global_policy") and node.args:
+        elif name.endswith("set_global_policy") and node.args:
             policy = node.args[0]
             if isinstance(policy, ast.Call) and policy.args:
                 policy = policy.args[0]
             if isinstance(policy, ast.Constant) and policy.value == "mixed_float16":
                 self.float16_policy_calls.append(node)
-        self.generic_visit(node)
 
-    def visit_Name(self, node):
-        if node.id in LOSS_SCALING_NAMES:
-            self.loss_scaling = True
-
-    def visit_Attribute(self, node):
-        if node.attr in LOSS_SCALING_NAMES:
-            self.loss_scaling = True
-        self.generic_visit(node)
-
-    def _keras_kind(self, value):
+    def _assign(self, node):
+        value = node.value
         if not isinstance(value, ast.Call):
-            return None
-        name = _call_name(value) or ""
+            return
+        if _is_tf_function(value.func):
+            for target in node.targets:
+                key = _target_key(target)
+                if key:
+                    self.tf_functions.add(key.split(".")[-1])
+        kind = self._keras_kind(value)
+        if kind:
+            for target in node.targets:
+                key = _target_key(target)
+                if key:
+                    self.keras_objects[key] = kind
+
+    def _keras_kind(self, call):
+        name = _call_name(call) or ""
         last = name.split(".")[-1]
         if last in ("Sequential", "Model") or name.endswith("load_model") or \
                 ".applications." in name or last in self.model_classes:
@@ -189,8 +226,9 @@ class _FileFacts(ast.NodeVisitor):
 class _Scope:
     node: ast.AST
     datasets: dict = dataclasses.field(default_factory=dict)   # name -> [(op, call)]
-    returned: set = dataclasses.field(default_factory=set)
+    compile_events: list = dataclasses.field(default_factory=list)  # for TW108
     int_names: set = dataclasses.field(default_factory=set)
+    count_names: set = dataclasses.field(default_factory=set)
 
 
 class _Checker(ast.NodeVisitor):
@@ -203,12 +241,26 @@ class _Checker(ast.NodeVisitor):
         self.loops = []       # enclosing for/while nodes (this function)
         self.functions = []   # enclosing function defs: (node, is_tf_function)
         self.scopes = []
-        self._parents = {}
-        for parent in ast.walk(tree):
-            for child in ast.iter_child_nodes(parent):
-                self._parents[child] = parent
+        # Calls that are links inside a longer tf.data chain, and values of
+        # statements: found on the way down, instead of a map of parents.
+        self._inner_links = set()
+        self._statement_values = set()
+        self._assign_of = {}   # id(value) -> the Assign it is the value of
 
     # Plumbing -------------------------------------------------------------
+
+    def visit(self, node):
+        # NodeVisitor's dispatch builds a method name per node; a per-class
+        # table and skipping leaves halves the cost of the walk.
+        method = _DISPATCH.get(type(node))
+        if method is not None:
+            return method(self, node)
+        if not isinstance(node, _LEAVES):
+            self.generic_visit(node)
+
+    def generic_visit(self, node):
+        for child in _children(node):
+            self.visit(child)
 
     def report(self, node, code, **fields):
         # Pipelines and scopes are looked at more than once; a finding is kept once.
@@ -224,12 +276,8 @@ class _Checker(ast.NodeVisitor):
 
     def run(self, tree):
         self._enter_scope(tree)
-        self._check_trainable_after_compile(tree.body)
         self.generic_visit(tree)
         self._leave_scope()
-        for call in self.facts.float16_policy_calls:
-            if self.facts.has_tape and not self.facts.loss_scaling:
-                self.report(call, "TW111")
         return self.findings
 
     def _enter_scope(self, node):
@@ -237,9 +285,8 @@ class _Checker(ast.NodeVisitor):
 
     def _leave_scope(self):
         scope = self.scopes.pop()
-        for name, ops in scope.datasets.items():
-            if name not in scope.returned:
-                self._check_prefetch(ops, name)
+        self._check_trainable_after_compile(scope.compile_events)
+
 
     def visit_FunctionDef(self, node):
         for decorator in node.decorator_list:
@@ -252,7 +299,6 @@ class _Checker(ast.NodeVisitor):
         self.tapes, self.loops = [], []
         self.functions.append((node, is_tf))
         self._enter_scope(node)
-        self._check_trainable_after_compile(node.body)
         for statement in node.body:
             self.visit(statement)
         self._leave_scope()
@@ -268,6 +314,8 @@ class _Checker(ast.NodeVisitor):
         self.tapes, self.loops = saved
 
     def _visit_loop(self, node):
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            self._check_consumed(node.iter)
         self.loops.append(node)
         self.generic_visit(node)
         self.loops.pop()
@@ -294,7 +342,13 @@ class _Checker(ast.NodeVisitor):
     # Statements ---------------------------------------------------------
 
     def visit_Assign(self, node):
+        self._statement_values.add(id(node.value))
+        self._assign_of[id(node.value)] = node
         self.generic_visit(node)
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and target.attr == "trainable":
+                self.scopes[-1].compile_events.append(
+                    (node.lineno, node.col_offset, "trainable", _root_name(target), node))
         value = node.value
         scope = self.scopes[-1]
         names = [t.id for t in node.targets if isinstance(t, ast.Name)]
@@ -306,6 +360,10 @@ class _Checker(ast.NodeVisitor):
                 scope.int_names.add(name)
             else:
                 scope.int_names.discard(name)
+            if self._is_count(value):
+                scope.count_names.add(name)
+            else:
+                scope.count_names.discard(name)
         self._check_concat_in_loop(node, names)
         ops = self._dataset_ops(value)
         for name in names:
@@ -314,15 +372,28 @@ class _Checker(ast.NodeVisitor):
             else:
                 scope.datasets.pop(name, None)
 
-    def visit_Return(self, node):
+    def visit_Expr(self, node):
+        self._statement_values.add(id(node.value))
         self.generic_visit(node)
-        if isinstance(node.value, ast.Name):
-            self.scopes[-1].returned.add(node.value.id)
+
+    def visit_Return(self, node):
+        if node.value is not None:
+            self._statement_values.add(id(node.value))
+        self.generic_visit(node)
 
     def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in DATASET_OPS and \
+                isinstance(func.value, ast.Call):
+            self._inner_links.add(id(func.value))
         self.generic_visit(node)
         name = _call_name(node) or ""
-        attr = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        attr = func.attr if isinstance(func, ast.Attribute) else None
+        if attr in ("compile", "fit", "train_on_batch", "fit_generator") and \
+                isinstance(func.value, ast.Name):
+            kind = "compile" if attr == "compile" else "train"
+            self.scopes[-1].compile_events.append(
+                (node.lineno, node.col_offset, kind, func.value.id, node))
         if self.tapes:
             if attr in KERAS_LOOPS_IN_TAPE or (attr == "numpy" and not node.args):
                 self.report(node, "TW101", call=f".{attr}()")
@@ -330,6 +401,8 @@ class _Checker(ast.NodeVisitor):
                 self.report(node, "TW104", call=f"{dotted(node.func)}(...)")
         elif attr in ("predict", "predict_on_batch") and self._in_training_loop():
             self.report(node, "TW102", call=f"{dotted(node.func) or attr}()")
+        if any(node is call for call in self.facts.float16_policy_calls):
+            self._check_float16_loop(node)
         if name == "print" and self.functions and self.functions[-1][1]:
             self.report(node, "TW103")
         if self.loops and _is_tf_function(node.func) and isinstance(node.func, ast.Attribute):
@@ -339,18 +412,38 @@ class _Checker(ast.NodeVisitor):
         if name.split(".")[-1] in ("floordiv", "truncatediv") and len(node.args) == 2 and \
                 all(self._is_int_tensor(a) for a in node.args):
             self.report(node, "TW110", expr=f"{name}(...)")
-        if self._is_outermost_chain(node):
-            ops = self._dataset_ops(node)
-            parent = self._parents.get(node)
-            if ops is not None and not isinstance(parent, (ast.Assign, ast.Return)) and \
-                    not (isinstance(parent, ast.Expr)):
-                self._check_prefetch(ops, "this pipeline")
+        if id(node) not in self._inner_links:
+            self._dataset_ops(node)  # checks map and shuffle on the way
+        if attr in CONSUMERS or name == "iter":
+            # A pipeline handed to training or iterated should end with prefetch.
+            for arg in node.args[:1]:
+                self._check_consumed(arg)
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
         if isinstance(node.op, ast.FloorDiv) and self._is_int_tensor(node.left) and \
-                self._is_int_tensor(node.right):
+                self._is_int_tensor(node.right) and self._meant_as_ratio(node, node.left):
             self.report(node, "TW110", expr=ast.unparse(node))
+
+    def _meant_as_ratio(self, division, numerator):
+        """A count divided (correct // total), or a result named like a ratio.
+
+        Integer division is right for sizes and strides (`border // divisor`);
+        the bug is a count of successes floor-divided by a total.
+        """
+        if self._is_count(numerator):
+            return True
+        assign = self._assign_of.get(id(division))
+        return assign is not None and any(
+            isinstance(t, ast.Name) and RATIO_NAME.search(t.id) for t in assign.targets)
+
+    def _is_count(self, node):
+        if isinstance(node, ast.Name):
+            return node.id in self.scopes[-1].count_names
+        if isinstance(node, ast.Call):
+            last = (_call_name(node) or "").split(".")[-1]
+            return last in ("reduce_sum", "count_nonzero") and self._is_int_tensor(node)
+        return False
 
     # Rule helpers ---------------------------------------------------------
 
@@ -385,16 +478,41 @@ class _Checker(ast.NodeVisitor):
         elif not self.loops and not deleted_in(self.scopes[-1].node):
             self.report(node, "TW105", name=name, problem="never deleted")
 
+    def _check_float16_loop(self, call):
+        """TW111: a tape loop in the same function (or a module-level script), unscaled."""
+        if not self.functions:
+            has_tape, scaled = self.facts.has_tape, self.facts.loss_scaling
+        else:
+            body = list(_walk(self.functions[-1][0]))
+            has_tape = any(isinstance(n, ast.Call) and _is_tape_call(n) for n in body)
+            scaled = any((isinstance(n, ast.Attribute) and n.attr in LOSS_SCALING_NAMES) or
+                         (isinstance(n, ast.Name) and n.id in LOSS_SCALING_NAMES) for n in body)
+        if has_tape and not scaled:
+            self.report(call, "TW111")
+
     def _check_concat_in_loop(self, node, names):
         if not self.loops or len(names) != 1 or not isinstance(node.value, ast.Call):
             return
         name = _call_name(node.value) or ""
-        if not CONCAT_FUNCS.search(name) or not node.value.args:
-            return
+        if not CONCAT_FUNCS.search(name) or not node.value.args or "layers." in name:
+            return  # (keras.layers.concatenate builds a graph, it copies nothing)
         first = node.value.args[0]
-        pieces = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
-        if any(isinstance(p, ast.Name) and p.id == names[0] for p in pieces):
-            self.report(node, "TW106", name=names[0], call=f"{name}")
+        target = names[0]
+        if name.endswith(".append"):
+            grows = isinstance(first, ast.Name) and first.id == target
+        else:
+            grows = isinstance(first, (ast.List, ast.Tuple)) and any(
+                isinstance(p, ast.Name) and p.id == target for p in first.elts)
+        if grows and not self._reset_in_loop(target, node):
+            self.report(node, "TW106", name=target, call=name)
+
+    def _reset_in_loop(self, name, growing):
+        """True when `name` is also assigned afresh in the innermost loop: no growth across it."""
+        for node in _walk(self.loops[-1]):
+            if isinstance(node, ast.Assign) and node is not growing and any(
+                    isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return True
+        return False
 
     def _check_python_scalar_to_tf_function(self, call):
         key = _target_key(call.func)
@@ -424,26 +542,8 @@ class _Checker(ast.NodeVisitor):
                 and not any(isinstance(n, ast.Call) for n in ast.walk(arg))
         return False
 
-    def _check_trainable_after_compile(self, body):
-        """TW108, over one scope's statements in source order."""
-        events = []
-        for statement in body:
-            for node in ast.walk(statement):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                        and node is not statement:
-                    continue
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                    owner = _root_name(node.func.value)
-                    if node.func.attr == "compile" and isinstance(node.func.value, ast.Name):
-                        events.append((node.lineno, node.col_offset, "compile", owner, node))
-                    elif node.func.attr in ("fit", "train_on_batch", "fit_generator") and \
-                            isinstance(node.func.value, ast.Name):
-                        events.append((node.lineno, node.col_offset, "train", owner, node))
-                elif isinstance(node, ast.Assign):
-                    for target in node.targets:
-                        if isinstance(target, ast.Attribute) and target.attr == "trainable":
-                            events.append((node.lineno, node.col_offset, "trainable",
-                                           _root_name(target), node))
+    def _check_trainable_after_compile(self, events):
+        """TW108, over one scope's compile/train/trainable events in source order."""
         events.sort(key=lambda e: (e[0], e[1]))
         compiled = []
         pending = []   # (assign node, name changed, candidate models)
@@ -462,11 +562,6 @@ class _Checker(ast.NodeVisitor):
                         self.report(assign, "TW108", name=name, model=owner)
 
     # Dataset pipelines ------------------------------------------------------
-
-    def _is_outermost_chain(self, call):
-        parent = self._parents.get(call)
-        return not (isinstance(parent, ast.Attribute) and parent.attr in DATASET_OPS and
-                    isinstance(self._parents.get(parent), ast.Call))
 
     def _dataset_ops(self, node):
         """[(op, call)] of a tf.data pipeline expression, checking map/shuffle on the way."""
@@ -500,13 +595,25 @@ class _Checker(ast.NodeVisitor):
                                                     "whole batches, not samples")
         return ops
 
+    def _check_consumed(self, expr):
+        if isinstance(expr, ast.Name):
+            ops = self.scopes[-1].datasets.get(expr.id)
+            if ops is not None:
+                self._check_prefetch(ops, expr.id)
+        elif isinstance(expr, ast.Call):
+            ops = self._dataset_ops(expr)
+            if ops is not None:
+                self._check_prefetch(ops, None)
+
     def _check_prefetch(self, ops, name):
         names = [op for op, _ in ops]
         batches = [i for i, op in enumerate(names) if op in ("batch", "padded_batch")]
         if not batches or "prefetch" in names[batches[-1]:]:
             return
-        self.report(ops[-1][1], "TW109", what=f"the batched tf.data pipeline `{name}` does not end "
-                                        "with .prefetch(): the step waits for every batch")
+        subject = f"the batched tf.data pipeline `{name}`" if name else \
+            "this batched tf.data pipeline"
+        self.report(ops[-1][1], "TW109", what=f"{subject} does not end with .prefetch(): the "
+                                              "step waits for every batch")
 
     # Integer tensors ------------------------------------------------------
 
@@ -535,6 +642,11 @@ class _Checker(ast.NodeVisitor):
         if last in REDUCTIONS and node.args:
             return self._is_int_tensor(node.args[0])
         return False
+
+
+_DISPATCH = {getattr(ast, name[len("visit_"):]): method
+             for name, method in vars(_Checker).items()
+             if name.startswith("visit_") and hasattr(ast, name[len("visit_"):])}
 
 
 def _dtype_name(node):
@@ -572,16 +684,33 @@ def check_tree(tree, path="<string>"):
     return sorted(_Checker(tree, path, _FileFacts(tree)).run(tree))
 
 
+# A file none of whose rules' trigger words appears cannot produce a finding:
+# skipping its parse (most of the cost) is what keeps large trees fast.
+_TRIGGERS = re.compile(
+    r"GradientTape"                                   # TW101, TW104, TW105, TW111
+    r"|\.predict(_on_batch)?\("                        # TW102
+    r"|[.@]function\b"                                # TW103, TW107 (tf.function)
+    r"|concat|vstack|hstack|(np|numpy)\.append"       # TW106
+    r"|\.trainable\s*="                               # TW108
+    r"|\.(map|batch|padded_batch|shuffle)\("          # TW109
+    r"|(?<![:/])//|floordiv|truncatediv"              # TW110 (not the // of a URL)
+    r"|mixed_float16")                                # TW111
+
+
 def check_source(source, path="<string>", select=None, ignore=()):
     """Findings for one file's source text, with `# noqa` and rule selection applied."""
+    if not _TRIGGERS.search(source):
+        return []  # (so a syntax error there is left to the interpreter and flake8)
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as error:
         return [Finding(path, error.lineno or 1, max((error.offset or 1) - 1, 0), PARSE_ERROR,
                         f"could not parse: {error.msg}")]
-    comments = _comment_lines(source)
+    findings = check_tree(tree, path)
+    # Tokenizing costs as much as parsing: only when a noqa could matter.
+    comments = _comment_lines(source) if findings and "noqa" in source.lower() else {}
     kept = []
-    for finding in check_tree(tree, path):
+    for finding in findings:
         if select and not any(finding.code.startswith(s) for s in select):
             continue
         if any(finding.code.startswith(i) for i in ignore):

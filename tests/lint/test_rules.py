@@ -269,6 +269,46 @@ CASES = [
         model.compile("adam", "mse")
         model.fit(x, y)
         """),
+    # Near misses found by hand-checking findings on tf-models-official and keras-hub:
+    ("TW106", """
+        for i in range(3):
+            x = np.concatenate([x, blocks[i]], axis=-1)
+        """, """
+        for i in range(3):
+            x = keras.layers.concatenate([blocks[i], x], axis=-1)
+        for key, val in outputs.items():
+            val = np.concatenate(val)
+        for i in range(3):
+            tgt = data[i]
+            tgt = np.concatenate([tgt, extra])
+        """),
+    ("TW109", """
+        ds = tf.data.Dataset.from_tensor_slices(x).batch(4)
+        for batch in ds:
+            step(batch)
+        """, """
+        out = tf.data.Dataset.from_tensor_slices(x).batch(4)
+        value = out.get_single_element()
+        """),
+    ("TW110", """
+        acc = tf.cast(hits, tf.int32) // tf.cast(n, tf.int32)
+        """, """
+        divisor = tf.cast(divisor, tf.int32)
+        border = tf.cast(border, tf.int32) // divisor
+        """),
+    ("TW111", """
+        def train():
+            keras.mixed_precision.set_global_policy("mixed_float16")
+            with tf.GradientTape() as tape:
+                loss = f(model(x, training=True))
+        """, """
+        def test_layer_in_float16():
+            keras.mixed_precision.set_global_policy("mixed_float16")
+            layer(x)
+        def train():
+            with tf.GradientTape() as tape:
+                loss = f(model(x, training=True))
+        """),
     ("TW111", """
         keras.mixed_precision.set_global_policy("mixed_float16")
         with tf.GradientTape() as tape:
@@ -326,5 +366,10 @@ def test_select_and_ignore():
 
 
 def test_syntax_error_is_a_finding():
-    (finding,) = check_source("def broken(:\n", "b.py")
-    assert finding.code == "TW000" and finding.line == 1
+    (finding,) = check_source("import tensorflow as tf\ndef broken(:\n    tf.function\n", "b.py")
+    assert finding.code == "TW000" and finding.line == 2
+
+
+def test_files_without_trigger_words_are_not_parsed():
+    # Nothing any rule looks for: skipped before parsing, broken or not.
+    assert check_source("def broken(:\n", "b.py") == []
