@@ -10,6 +10,8 @@ as in `model.fit`.
 
 import collections
 import logging
+import os
+import weakref
 import re
 import time
 
@@ -17,6 +19,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tapeworks.data.pipeline_check import check as check_pipeline
+from tapeworks.data import diagnose as diagnose_lib
+from tapeworks.data import sources
 from tapeworks.engine import autotune, guards, step
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
@@ -93,7 +98,8 @@ class Trainer:
     def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
                  jit_compile="auto", steps_per_call="auto", seed=None,
                  run_eagerly=False, allow_missing_gradients=False, accumulate=1,
-                 precision="float32", clip_norm=None, clip_value=None, capture_every=None):
+                 precision="float32", clip_norm=None, clip_value=None, capture_every=None,
+                 check_data=True, diagnose_input=False):
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
                                     ("metrics", metrics), ("loss_weights", loss_weights))
@@ -164,6 +170,11 @@ class Trainer:
         self.clip_norm = clip_norm
         self.clip_value = clip_value
         self.capture_every = capture_every
+        self.check_data = check_data
+        self.diagnose_input_after_first_epoch = diagnose_input
+        self.data_findings = []   # what tapeworks.data.check said about the last fit's data
+        self._checked_datasets = weakref.WeakSet()
+        self.input_report = None  # the InputReport of diagnose_input
         self._capture = None    # Capture buffers, created in _build
         self._delivered_capture = -1
         self.states = []        # one UpdateState per update, created in _build
@@ -237,6 +248,12 @@ class Trainer:
         _check_epochs(epochs, initial_epoch, steps_per_epoch)
         dataset = as_dataset(data, batch_size=batch_size, shuffle=shuffle, seed=self.seed)
         self.task.check_data(dataset.element_spec, "data")
+        if self.check_data and isinstance(data, tf.data.Dataset) and \
+                data not in self._checked_datasets:
+            # Only pipelines the user built (tapeworks builds its own correctly),
+            # once each: serializing a graph that holds large arrays is not free.
+            self._checked_datasets.add(data)
+            self._report_pipeline_findings(dataset, verbose)
         val_dataset = None
         if validation_data is not None:
             val_dataset = as_dataset(validation_data, batch_size=validation_batch_size
@@ -277,6 +294,11 @@ class Trainer:
             if steps_known:
                 self._planner.limit_steps(max(1, steps_known // 2))
             epoch_logs = dict(logs)
+            if self.diagnose_input_after_first_epoch and epoch == initial_epoch:
+                self.input_report = self.diagnose_input(dataset)
+                if verbose:
+                    print(self.input_report)
+                logger.info("%s", self.input_report)
             if val_dataset is not None and not self.model.stop_training:
                 val_logs = self._evaluate_dataset(val_dataset, callback_list)
                 epoch_logs.update({"val_" + k: v for k, v in val_logs.items()})
@@ -303,7 +325,12 @@ class Trainer:
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
             callback_list.on_train_batch_begin(steps_done)
-            ran, samples, call_logs, seconds = self._run_train_call(probe, iterator, num_steps)
+            try:
+                ran, samples, call_logs, seconds = self._run_train_call(
+                    probe, iterator, num_steps)
+            except tf.errors.DataLossError as error:
+                # tf.data names neither the file nor the record: find them.
+                raise sources.corruption_error(dataset, error) from error
             if ran:
                 self._planner.record(probe, num_steps, ran, samples, seconds)
                 self._deliver_capture(callback_list)
@@ -370,6 +397,55 @@ class Trainer:
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
             logs = {k: float(v) for k, v in self._results().items()}
         return 1, int(samples), logs, time.perf_counter() - start
+
+    def _report_pipeline_findings(self, dataset, verbose):
+        try:
+            self.data_findings = check_pipeline(dataset, training=True)
+        except (tf.errors.OpError, NotImplementedError) as error:
+            # A pipeline tf.data cannot serialize (some stateful sources): say so, train on.
+            logger.info("tapeworks: the data pipeline could not be checked (%s)", error)
+            self.data_findings = []
+        for finding in self.data_findings:
+            logger.warning("tapeworks data check: %s", finding)
+            if verbose:
+                print(f"tapeworks data check: {finding}")
+
+    def diagnose_input(self, data, batches=30, batch_size=None):
+        """Measures whether training waits for data; returns a `tapeworks.data.InputReport`.
+
+        Trains nothing: the state is saved before the timed runs and restored
+        after. See `tapeworks/data/diagnose.py`.
+        """
+        import tempfile
+
+        dataset = as_dataset(data, batch_size=batch_size)
+        self.task.check_data(dataset.element_spec, "data")
+        self._build(dataset.element_spec)
+        mode = self.jit_compile or False
+        loop = self._loop("train", mode)
+        pipeline = diagnose_lib.pipeline_rate(dataset, batches)
+        in_memory = dataset.take(batches).cache()
+        for _ in in_memory:  # fill the cache
+            pass
+
+        def rate(source):
+            iterator = iter(source)
+            with guards.inside_step():
+                int(loop(iterator, tf.constant(1, tf.int64))[0])   # traced and warm
+                start = time.perf_counter()
+                ran = int(loop(iterator, tf.constant(batches - 1, tf.int64))[0])
+            return ran / max(time.perf_counter() - start, 1e-9)
+
+        with tempfile.TemporaryDirectory() as folder:
+            saved = self.checkpoint.write(os.path.join(folder, "state"))
+            try:
+                compute = rate(in_memory)
+                self.checkpoint.read(saved).assert_existing_objects_matched()
+                training = rate(dataset)
+            finally:
+                self.checkpoint.read(saved).assert_existing_objects_matched()
+        self._reset_metrics()
+        return diagnose_lib.report(dataset, pipeline, compute, training)
 
     def _split_capture(self, outputs):
         """A first step's outputs: records its captures, returns its batch size."""

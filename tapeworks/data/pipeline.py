@@ -1,0 +1,126 @@
+"""`pipeline()`: a tf.data input pipeline in the order that keeps the step fed.
+
+Without a cache:  shuffle -> map -> augment -> batch -> batch_augment -> prefetch
+With a cache:     map -> cache -> shuffle -> augment -> batch -> batch_augment -> prefetch
+
+The deterministic `map` runs before the cache so its work is done once; the
+shuffle comes after the cache, because a cache placed after a shuffle replays
+the first epoch's order in every epoch; random augmentation comes after the
+cache, because a cache after it would replay the first epoch's "random"
+images. With `training=False` the same call gives the evaluation pipeline: no
+shuffle, no augmentation. Parallelism is tf.data's AUTOTUNE throughout.
+"""
+
+import inspect
+
+import tensorflow as tf
+
+from tapeworks.errors import ConfigError
+
+AUTOTUNE = tf.data.AUTOTUNE
+DEFAULT_SHUFFLE_BUFFER = 10_000
+
+
+def pipeline(source, *, batch_size, training, map=None, augment=None, batch_augment=None,
+             shuffle=True, shuffle_buffer=None, cache=None, drop_remainder=None,
+             deterministic=None, seed=None):
+    """Builds the input pipeline for `source`.
+
+    Args:
+        source: a `tf.data.Dataset` of single examples, or arrays / a tuple or
+            dict of arrays (sliced along their first axis).
+        batch_size: examples per batch.
+        training: True for the training pipeline (shuffled, augmented), False
+            for evaluation (neither).
+        map: a deterministic function applied to every example (decoding,
+            resizing, normalising); cached when `cache` is set.
+        augment: a random per-example function, applied when training only. If
+            it has a `seed` parameter it receives a per-example stateless seed
+            (shape [2]) drawn from `seed`, which makes augmentation repeat
+            exactly for a given `seed` (use `tf.image.stateless_random_*`).
+        batch_augment: a random function applied to whole batches when
+            training: cheaper than per-example augmentation, but every example
+            of a batch gets the same random draw (less varied).
+        shuffle: shuffle examples when training.
+        shuffle_buffer: shuffle buffer size; default: the number of examples
+            when tf.data knows it (a full shuffle), else 10,000.
+        cache: None, "memory", or a file path prefix for an on-disk cache.
+        drop_remainder: drop a last, smaller batch; default: `training` (static
+            batch shapes in training, every example in evaluation).
+        deterministic: passed to the parallel maps (False lets tf.data return
+            elements out of order for speed); default: tf.data's (ordered).
+        seed: seed of the shuffle and of the augmentation seeds.
+
+    Returns:
+        A batched, prefetched `tf.data.Dataset`.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"`batch_size` must be an integer >= 1. Received: batch_size={batch_size!r}")
+    if cache not in (None, "memory") and not isinstance(cache, str):
+        raise ConfigError(f"`cache` must be None, \"memory\" or a file path. Received: {cache!r}")
+    dataset = source if isinstance(source, tf.data.Dataset) else _from_arrays(source)
+    if drop_remainder is None:
+        drop_remainder = training
+    parallel = dict(num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+
+    def do_shuffle(ds):
+        if not (training and shuffle):
+            return ds
+        buffer = shuffle_buffer or _default_buffer(ds)
+        return ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+
+    if cache is not None:
+        if map is not None:
+            dataset = dataset.map(map, **parallel)
+        dataset = dataset.cache("" if cache == "memory" else cache)
+        dataset = do_shuffle(dataset)
+    else:
+        dataset = do_shuffle(dataset)
+        if map is not None:
+            dataset = dataset.map(map, **parallel)
+    if training and augment is not None:
+        dataset = _augment(dataset, augment, seed, parallel)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
+                            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    if training and batch_augment is not None:
+        dataset = dataset.map(batch_augment, **parallel)
+    return dataset.prefetch(AUTOTUNE)
+
+
+def _from_arrays(source):
+    if isinstance(source, list):
+        source = tuple(source)
+    try:
+        return tf.data.Dataset.from_tensor_slices(source)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"`source` could not be sliced into examples ({error}). Expected a "
+            "tf.data.Dataset, or arrays (a tuple or dict of them) with the examples "
+            "along their first axis.") from None
+
+
+def _default_buffer(dataset):
+    count = int(dataset.cardinality())
+    return count if count > 0 else DEFAULT_SHUFFLE_BUFFER
+
+
+def _takes_seed(fn):
+    try:
+        return "seed" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _augment(dataset, augment, seed, parallel):
+    if not _takes_seed(augment):
+        return dataset.map(augment, **parallel)
+    # One stateless seed per example, from a seeded stream zipped alongside:
+    # the same `seed` gives the same augmentations, in any number of threads.
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    paired = tf.data.Dataset.zip((dataset, seeds))
+
+    def call(element, pair):
+        args = element if isinstance(element, tuple) else (element,)
+        return augment(*args, seed=pair)
+
+    return paired.map(call, **parallel)

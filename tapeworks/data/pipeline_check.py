@@ -1,0 +1,195 @@
+"""`check(dataset)`: reads a built dataset's graph and reports pipeline mistakes.
+
+It looks at what tf.data will run (the serialized dataset graph and the
+functions of its maps), not at the Python that built it, so it sees pipelines
+built by any code. Each finding has a stable code, the step it is about and
+the fix.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+SHUFFLES = {"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+            "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"}
+BATCHES = {"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
+           "ParallelBatchDataset", "RaggedBatchDataset"}
+CACHES = {"CacheDataset", "CacheDatasetV2", "MemoryCacheDataset"}
+MAPS = {"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2"}
+PY_FUNCS = {"EagerPyFunc", "PyFunc", "PyFuncStateless"}
+SMALL_SHUFFLE_SHARE = 0.1   # a buffer under a tenth of the examples shuffles only locally
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    code: str
+    message: str
+    step: str
+    fix: str
+
+    def __str__(self):
+        return f"{self.code} {self.message} (at {self.step}). Fix: {self.fix}"
+
+
+def dataset_graph(dataset):
+    """The GraphDef tf.data runs for `dataset` (its functions in `.library`)."""
+    serialized = dataset._as_serialized_graph(  # the one way to read a built pipeline
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+    return tf.compat.v1.GraphDef.FromString(serialized.numpy())
+
+
+def check(dataset, training=None):
+    """Returns the list of `Finding`s for `dataset` (empty when nothing is wrong).
+
+    Args:
+        dataset: a built `tf.data.Dataset`.
+        training: True when it feeds training (then a pipeline without any
+            batching is reported too).
+    """
+    graph = dataset_graph(dataset)
+    nodes = {n.name: n for n in graph.node}
+    functions = {f.signature.name: f for f in graph.library.function}
+    chain = _chain(nodes)
+    ops = [n.op for n in chain]
+    findings = []
+    generator_prefix = _generator_prefix(chain, functions)
+
+    labels = {node.name: f"step {i} ({node.op})" for i, node in enumerate(chain)}
+
+    def add(code, message, node, fix):
+        findings.append(Finding(code, message, labels[node.name], fix))
+
+    # TD001: prefetch last.
+    prefetches = [i for i, op in enumerate(ops) if op == "PrefetchDataset"]
+    if not prefetches:
+        add("TD001", "the pipeline has no prefetch: the step waits while each batch is made",
+            chain[-1], "end with `.prefetch(tf.data.AUTOTUNE)`")
+    elif prefetches[-1] != len(ops) - 1:
+        add("TD001", f"prefetch is not the last step ({ops[-1]} follows it)", chain[-1],
+            "move `.prefetch(tf.data.AUTOTUNE)` to the end")
+    last_batch = None
+    random_map = None
+    shuffle_seen = None
+    for index, node in enumerate(chain):
+        op = node.op
+        if op in BATCHES:
+            last_batch = node
+        elif op == "UnbatchDataset":
+            last_batch = None
+        elif op in SHUFFLES:
+            if last_batch is not None:
+                add("TD002", "shuffle after batch reorders whole batches, not examples", node,
+                    "shuffle before `.batch()`")
+            shuffle_seen = node
+            if last_batch is None:
+                _check_buffer(node, nodes, chain, add)
+        elif op in CACHES:
+            if random_map is not None:
+                add("TD003", f"cache after a random operation ({labels[random_map.name]}): every "
+                    "epoch replays the first epoch's random values", node,
+                    "cache before the random augmentation (map -> cache -> shuffle -> augment)")
+            if shuffle_seen is not None:
+                add("TD004", "shuffle before cache: the cache keeps the first epoch's order "
+                    "and replays it every epoch", shuffle_seen,
+                    "cache first, then shuffle (map -> cache -> shuffle)")
+        if op in MAPS and index not in generator_prefix:
+            called = _called_ops(node, functions)
+            if op == "MapDataset":
+                add("TD005", "map without num_parallel_calls runs one example at a time", node,
+                    "`.map(fn, num_parallel_calls=tf.data.AUTOTUNE)`")
+            if called & PY_FUNCS:
+                add("TD007", "py_function/numpy_function in a map: Python per example, holding "
+                    "the GIL, and the pipeline cannot be checkpointed", node,
+                    "write the function with TensorFlow ops")
+            if any("Random" in c for c in called):
+                random_map = node
+    if training and not any(op in BATCHES for op in ops):
+        add("TD008", "unbatched data fed to training: each step would see one example",
+            chain[-1], "add `.batch(batch_size)` (tapeworks.data.pipeline does)")
+    return findings
+
+
+# Datasets that only carry options or bookkeeping: not steps of the pipeline.
+BOOKKEEPING = {"OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+               "PrivateThreadPoolDataset", "AssertCardinalityDataset", "ThreadPoolDataset"}
+
+
+def _chain(nodes):
+    """Dataset nodes from the source to the final one, following first inputs."""
+    sink = next(n for n in nodes.values() if n.op == "_Retval")
+    chain = []
+    node = nodes.get(_input_name(sink.input[0]))
+    while node is not None and "Dataset" in node.op:
+        if node.op not in BOOKKEEPING:
+            chain.append(node)
+        inputs = [i for i in node.input if not i.startswith("^")]
+        node = nodes.get(_input_name(inputs[0])) if inputs else None
+    return list(reversed(chain))
+
+
+def _input_name(name):
+    return name.split(":")[0].lstrip("^")
+
+
+def _called_ops(node, functions, seen=None):
+    """Every op type run by the functions a dataset node calls, nested calls included."""
+    seen = seen if seen is not None else set()
+    ops = set()
+    for attr in node.attr.values():
+        names = [attr.func.name] if attr.func.name else []
+        names += [f.name for f in attr.list.func]
+        for name in names:
+            ops |= _function_ops(name, functions, seen)
+    return ops
+
+
+def _function_ops(name, functions, seen):
+    if name in seen or name not in functions:
+        return set()
+    seen.add(name)
+    ops = set()
+    for inner in functions[name].node_def:
+        ops.add(inner.op)
+        if inner.op in functions:
+            ops |= _function_ops(inner.op, functions, seen)
+        ops |= _called_ops(inner, functions, seen)
+    return ops
+
+
+def _generator_prefix(chain, functions):
+    """Indices of the map that `Dataset.from_generator` builds for itself (not the user's)."""
+    for index, node in enumerate(chain):
+        if node.op == "FlatMapDataset" and _called_ops(node, functions) & PY_FUNCS:
+            return set(range(index))
+    return set()
+
+
+def _check_buffer(node, nodes, chain, add):
+    buffer = _const_int(nodes.get(_input_name(node.input[1]))) if len(node.input) > 1 else None
+    examples = _source_examples(chain, nodes)
+    if buffer is not None and examples and buffer < SMALL_SHUFFLE_SHARE * examples:
+        add("TD006", f"shuffle buffer of {buffer} for {examples} examples: only neighbours "
+            "are mixed", node,
+            f"a buffer near the number of examples (`.shuffle({examples})`) when it fits "
+            "in memory, or shuffle the files too (interleave)")
+
+
+def _const_int(node):
+    if node is None or node.op != "Const":
+        return None
+    tensor = node.attr["value"].tensor
+    values = list(tensor.int64_val) or list(tensor.int_val)
+    return int(values[0]) if values else None
+
+
+def _source_examples(chain, nodes):
+    """The number of examples of a from_tensor_slices source, when the graph says it."""
+    if not chain or chain[0].op != "TensorSliceDataset":
+        return None
+    for name in chain[0].input:
+        const = nodes.get(_input_name(name))
+        if const is not None and const.op == "Const":
+            dims = const.attr["value"].tensor.tensor_shape.dim
+            if dims:
+                return int(dims[0].size)
+    return None

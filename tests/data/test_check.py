@@ -1,0 +1,83 @@
+"""tapeworks.data.check: each finding on a broken pipeline, silence on a good one."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tapeworks import data
+
+X = np.random.default_rng(0).normal(size=(1000, 4)).astype("float32")
+Y = np.arange(1000)
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def source():
+    return tf.data.Dataset.from_tensor_slices((X, Y))
+
+
+def jitter(x, y):
+    return x + tf.random.uniform(tf.shape(x)), y
+
+
+def codes(dataset, training=True):
+    return [f.code for f in data.check(dataset, training=training)]
+
+
+BROKEN = {
+    "TD001": lambda: source().shuffle(1000).batch(32),
+    "TD002": lambda: source().batch(32).shuffle(10).prefetch(AUTOTUNE),
+    "TD003": lambda: source().map(jitter, num_parallel_calls=AUTOTUNE).cache().shuffle(1000)
+    .batch(32).prefetch(AUTOTUNE),
+    "TD004": lambda: source().shuffle(1000).cache().batch(32).prefetch(AUTOTUNE),
+    "TD005": lambda: source().shuffle(1000).map(lambda x, y: (x * 2, y)).batch(32)
+    .prefetch(AUTOTUNE),
+    "TD006": lambda: source().shuffle(16).batch(32).prefetch(AUTOTUNE),
+    "TD007": lambda: source().shuffle(1000).map(
+        lambda x, y: (tf.numpy_function(np.tanh, [x], tf.float32), y),
+        num_parallel_calls=AUTOTUNE).batch(32).prefetch(AUTOTUNE),
+    "TD008": lambda: source().shuffle(1000).prefetch(AUTOTUNE),
+}
+
+
+@pytest.mark.parametrize("code", sorted(BROKEN))
+def test_each_finding(code):
+    found = data.check(BROKEN[code](), training=True)
+    assert code in [f.code for f in found]
+    finding = next(f for f in found if f.code == code)
+    assert finding.fix and finding.step.startswith("step ")
+    assert str(finding).startswith(code) and "Fix:" in str(finding)
+
+
+def test_prefetch_not_last():
+    found = data.check(source().batch(32).prefetch(AUTOTUNE).map(
+        lambda x, y: (x, y), num_parallel_calls=AUTOTUNE))
+    assert [f.code for f in found] == ["TD001"] and "not the last" in found[0].message
+
+
+def test_silence_on_the_builders_pipelines():
+    for cache in (None, "memory"):
+        built = data.pipeline((X, Y), batch_size=32, training=True, cache=cache,
+                              map=lambda x, y: (x * 2, y), augment=jitter)
+        assert codes(built) == []
+    assert codes(data.pipeline((X, Y), batch_size=32, training=False)) == []
+
+
+def test_unbatched_is_only_a_finding_for_training():
+    unbatched = source().shuffle(1000).prefetch(AUTOTUNE)
+    assert codes(unbatched, training=False) == []
+
+
+def test_trainer_reports_findings_at_the_start_of_fit(capsys):
+    import keras
+
+    import tapeworks
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
+    bad = source().map(lambda x, y: (x, tf.cast(y, tf.float32))).batch(100)
+    trainer.fit(bad, verbose=2)
+    assert [f.code for f in trainer.data_findings] == ["TD001", "TD005"]
+    assert "tapeworks data check: TD005" in capsys.readouterr().out
+    quiet = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, check_data=False)
+    quiet.fit(bad, verbose=0)
+    assert quiet.data_findings == []
