@@ -30,7 +30,7 @@ def _scenario(name):
 
 
 SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
-                                    _scenario("precision"), _scenario("gan"),
+                                    _scenario("precision"), _scenario("gan"), _scenario("input"),
                                     _scenario("lint"))}
 
 
@@ -88,7 +88,8 @@ def to_markdown(result):
               "|" + "---|" * len(columns)]
     for row in result["rows"]:
         lines.append("| " + " | ".join(_format(row[key]) for key, _ in columns) + " |")
-    notes = [(" / ".join(str(row[key]) for key, _ in columns[:2]), row["notes"])
+    notes = [(" / ".join(str(row[key]) for key, _ in columns[:2] if isinstance(row[key], str)),
+              row["notes"])
              for row in result["rows"] if row.get("notes")]
     if notes:
         lines += ["", "Notes:"]

@@ -79,4 +79,24 @@ def test_bench_rejects_unknown_scenario_and_few_repeats(tmp_path):
 
 def test_bench_list():
     result = tapeworks("bench", "--list")
-    assert result.returncode == 0 and result.stdout.startswith("loops")
+    assert result.returncode == 0
+    assert [line.split()[0] for line in result.stdout.splitlines()] == [
+        "loops", "accumulate", "precision", "gan", "input", "lint"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["accumulate", "precision", "gan", "input"])
+def test_other_scenarios_quick(tmp_path, scenario):
+    result = tapeworks("bench", scenario, "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / f"{scenario}.json").read_text())
+    assert report["rows"] and all(len(r["repeats"]) in (0, 3) for r in report["rows"])
+    assert (tmp_path / f"{scenario}.png").exists()
+
+
+def test_lint_bench_quick_needs_no_network(tmp_path):
+    result = tapeworks("bench", "lint", "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "lint.json").read_text())
+    assert report["facts"]["files"] > 100
+    assert (tmp_path / "lint-sample.md").exists()
