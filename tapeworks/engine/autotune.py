@@ -33,7 +33,8 @@ import statistics
 
 PROBE_STEPS = 8          # the least second number of steps per call probed
 PROBE_SECONDS = 0.02     # ... raised until such a call lasts about this long
-ROUNDS = 3               # timed repeats of each probe (medians of these)
+ROUNDS = 5               # timed repeats of each probe (medians of these; this machine
+                         # shows two speed states, so three were too few)
 OVERHEAD_SHARE = 0.02    # target share of a call spent on per-call overhead
 MAX_STEPS_PER_CALL = 256
 MAX_SECONDS_PER_CALL = 1.0
