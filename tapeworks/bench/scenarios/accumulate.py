@@ -105,7 +105,9 @@ def measure_memory(accumulate, batch, side, width, steps):
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
     trainer = _trainer(side, width, accumulate, jit_compile=False, steps_per_call=4)
     trainer.build_state(dataset)
-    trainer.fit(dataset.take(1), verbose=0)  # trace outside the measured span
+    # Warm up outside the measured span on one whole window, so that both the
+    # accumulating step and the update (its first run allocates too) have run.
+    trainer.fit(dataset.take(accumulate), verbose=0)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
