@@ -21,9 +21,13 @@ def _demo(args):
     print(f"\nHeld-out image ({superres.HELD_OUT}), PSNR on luminance, x{superres.SCALE}:")
     print(f"  bicubic  {result['psnr_bicubic']:6.2f} dB")
     print(f"  network  {result['psnr_network']:6.2f} dB  ({result['gain_db']:+.2f} dB)")
-    print(f"Trained in {result['train_seconds']:.1f} s ({result['total_seconds']:.1f} s in all); "
-          f"tapeworks chose jit_compile={tuning['jit_compile']}, "
-          f"steps_per_call={tuning['steps_per_call']} ({tuning['reason']}).")
+    if tuning["jit_compile"] is None:
+        chose = "tapeworks was still measuring its execution mode (the run was short)"
+    else:
+        chose = (f"tapeworks chose jit_compile={tuning['jit_compile']}, "
+                 f"steps_per_call={tuning['steps_per_call']} ({tuning['reason']})")
+    print(f"Trained in {result['train_seconds']:.1f} s ({result['total_seconds']:.1f} s in "
+          f"all); {chose}.")
     print(f"Wrote {result['png']} and TensorBoard logs in {result['logs']}")
     if args.json:
         summary = {k: v for k, v in result.items()}

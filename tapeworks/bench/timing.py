@@ -56,3 +56,16 @@ def median_seconds(fn, repeats, warmups=1):
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def settle_trainer(trainer, dataset, min_epochs=2, max_epochs=20):
+    """Warm-up of a tapeworks approach: fit until "auto" has chosen (it measures real calls).
+
+    Returns notes for the report: the choice and the epochs it took.
+    """
+    epochs = 0
+    while epochs < min_epochs or (trainer.jit_compile is None and epochs < max_epochs):
+        trainer.fit(dataset, verbose=0)
+        epochs += 1
+    return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call,
+            "tuning_epochs": epochs}

@@ -158,13 +158,6 @@ class CallPlanner:
         if self.choice is None and not self._queue:
             self._advance()
 
-    def finish_early(self):
-        """`fit` ended before the schedule did: keep the best choice measured so far."""
-        if self.choice is None:
-            self._queue = []
-            self.choice = (self._candidate or self._best_measured()
-                           or Choice(False, 1, "too few calls to measure"))
-
     def report(self):
         """A dict of what was measured and chosen, for logs and `Trainer.tuning`."""
         measured = {}

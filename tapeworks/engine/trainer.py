@@ -307,8 +307,11 @@ class Trainer:
             logs = epoch_logs
             if self.model.stop_training:
                 break
-        self._planner.finish_early()
-        self._announce_choice_once()
+        if self._planner.tuning:
+            # Measuring goes on in the next fit (epoch-by-epoch fit loops are
+            # common): choosing now would rest on a partial schedule.
+            logger.info("tapeworks: still measuring the execution mode and steps per call; "
+                        "it continues in the next fit (see `trainer.tuning`)")
         callback_list.on_train_end(logs)
         return self.model.history
 

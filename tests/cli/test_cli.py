@@ -39,7 +39,9 @@ def test_demo_quick(tmp_path):
     summary = json.loads((tmp_path / "demo.json").read_text())
     # Even the quick run (one short epoch) must not be worse than bicubic.
     assert summary["psnr_network"] > summary["psnr_bicubic"]
-    assert summary["tuning"]["jit_compile"] in (True, False, "update")
+    # One short epoch: the execution mode may still be being measured.
+    assert summary["tuning"]["jit_compile"] in (True, False, "update", None)
+    assert ("still measuring" in result.stdout) == (summary["tuning"]["jit_compile"] is None)
 
 
 @pytest.mark.slow

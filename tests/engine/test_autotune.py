@@ -117,20 +117,36 @@ def test_trainer_auto_resolves_and_reports():
     x, y = models.regression_data(n=2000)
     trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse", seed=0)
     assert trainer.tuning is None
-    trainer.fit((x, y), batch_size=10, epochs=2, verbose=0)
+    fits = 0
+    while trainer.jit_compile is None:  # measuring carries over from fit to fit
+        trainer.fit((x, y), batch_size=10, epochs=2, verbose=0)
+        fits += 1
+        assert fits < 10
     tuning = trainer.tuning
     assert trainer.jit_compile in (True, False, "update")
     assert 1 <= trainer.steps_per_call <= 100
     assert tuning["jit_compile"] == trainer.jit_compile
     assert "jit=False,steps=1" in tuning["measured"]
     # Measuring spent real training steps, none twice or lost.
-    assert int(trainer.optimizer.iterations) == 2 * 200
+    assert int(trainer.optimizer.iterations) == fits * 2 * 200
     # Each mode tried is traced twice (its first step alone, then inside the
     # loop), whatever the steps per call; later fits trace nothing new.
     assert trainer.traces["train_step"] <= 6
     traces = dict(trainer.traces)
     trainer.fit((x, y), batch_size=10, verbose=0)
     assert dict(trainer.traces) == traces
+
+
+def test_measuring_carries_over_to_the_next_fit():
+    x, y = models.regression_data(n=40)
+    trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse")
+    trainer.fit((x, y), batch_size=10, verbose=0)  # 4 steps: far too few to choose
+    assert trainer.jit_compile is None and trainer.tuning["reason"] == "still measuring"
+    for _ in range(200):
+        if trainer.jit_compile is not None:
+            break
+        trainer.fit((x, y), batch_size=10, verbose=0)
+    assert trainer.jit_compile in (True, False, "update")
     assert np.isfinite(trainer.evaluate((x, y), batch_size=100)["loss"])
 
 

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.bench.timing import Approach, alternate
+from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("accumulate=4 vs plain throughput; peak memory of accumulate=8 at B vs "
@@ -141,8 +141,7 @@ def run(quick=False, repeats=5):
         trainer = _trainer(side, width, accumulate)
 
         def setup(trainer=trainer):
-            trainer.fit(dataset, epochs=2, verbose=0)
-            return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call}
+            return settle_trainer(trainer, dataset)
 
         approaches.append(Approach(
             f"accumulate={accumulate}, micro-batch {micro}" if accumulate > 1

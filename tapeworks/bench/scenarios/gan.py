@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.bench.scenarios.accumulate import _PeakSampler, _rss_bytes
-from tapeworks.bench.timing import Approach, alternate
+from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 from tapeworks.engine.task import Task
 
@@ -126,20 +126,13 @@ def _gan_rows(quick, repeats):
     batches = [tf.constant(b) for b in real]
     trainer = Trainer(_GAN(), seed=0)
 
-    def tapeworks_setup():
-        epochs = 0
-        while epochs < 2 or (trainer.jit_compile is None and epochs < 20):
-            trainer.fit(dataset, verbose=0)
-            epochs += 1
-        return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call}
-
     approaches = [
         Approach(PREDICT_PATTERN, _keras_pattern(True, real, slow_steps)),
         Approach("g(noise) + train_on_batch x2", _keras_pattern(False, real, slow_steps)),
         Approach("hand-written tf.function step", _hand_written(False, batches)),
         Approach("hand-written XLA step", _hand_written(True, batches)),
         Approach("tapeworks Task", lambda: (trainer.fit(dataset, verbose=0), fast_steps)[1],
-                 setup=tapeworks_setup),
+                 setup=lambda: settle_trainer(trainer, dataset)),
     ]
     results = alternate(approaches, repeats)
     base = results[PREDICT_PATTERN]["samples_per_s"]
@@ -225,16 +218,9 @@ def _perceptual_rows(quick, repeats):
         trainer.fit(dataset, verbose=0)
         return steps
 
-    def tapeworks_setup():
-        epochs = 0
-        while epochs < 2 or (trainer.jit_compile is None and epochs < 20):
-            trainer.fit(dataset, verbose=0)
-            epochs += 1
-        return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call}
-
     approaches = [
         Approach("critic frozen by tapeworks", measured("tapeworks", tapeworks_run),
-                 setup=tapeworks_setup),
+                 setup=lambda: settle_trainer(trainer, dataset)),
         Approach("critic frozen by hand (tf.function)", measured("frozen", hand(True))),
         Approach("critic left trainable in the tape (tf.function)",
                  measured("trainable", hand(False))),

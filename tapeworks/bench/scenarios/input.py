@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks import data
-from tapeworks.bench.timing import Approach, alternate
+from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("convnet with CPU-heavy augmentation: naive pipeline vs tapeworks.data.pipeline "
@@ -73,13 +73,8 @@ def run(quick=False, repeats=5):
     def trained_on(dataset, name):
         trainer = _trainer()
 
-        def setup():
-            for _ in range(3):
-                trainer.fit(dataset, verbose=0)
-            return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call}
-
         return Approach(name, lambda: (trainer.fit(dataset, verbose=0), samples)[1],
-                        setup=setup)
+                        setup=lambda: settle_trainer(trainer, dataset))
 
     def pipeline_alone():
         for _ in built:

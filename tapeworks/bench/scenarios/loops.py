@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.bench.peak import matmul_peak_gflops
-from tapeworks.bench.timing import Approach, alternate
+from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 BASELINE = "keras fit (defaults)"
@@ -74,15 +74,9 @@ def approaches(size):
     def tapeworks_setup():
         # "auto" measures its first calls; train until it has chosen, and
         # record what that cost, as part of the results.
-        epochs = 0
-        while trainer.steps_per_call is None or trainer.jit_compile is None or epochs < 2:
-            trainer.fit(dataset, verbose=0)
-            epochs += 1
-            if epochs > 20:
-                break
+        notes = settle_trainer(trainer, dataset)
         tuning = trainer.tuning
-        return {"jit_compile": tuning["jit_compile"], "steps_per_call": tuning["steps_per_call"],
-                "reason": tuning["reason"], "tuning_epochs": epochs}
+        return dict(notes, reason=tuning["reason"])
 
     out.append(Approach("tapeworks (defaults)", lambda: (trainer.fit(dataset, verbose=0),
                                                          samples)[1], setup=tapeworks_setup))

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tapeworks.bench.peak import matmul_peak_gflops
 from tapeworks.bench.scenarios.accumulate import build_convnet
 from tapeworks.bench.scenarios.loops import build_mlp
-from tapeworks.bench.timing import Approach, alternate
+from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("float32 vs mixed_bfloat16 vs mixed_float16 (and \"auto\"), tapeworks and "
@@ -49,12 +49,8 @@ def _approaches(build, shape, batch, steps):
         trainer = Trainer(build(), keras.optimizers.Adam(1e-3), _loss(), precision=precision)
 
         def setup(trainer=trainer):
-            epochs = 0
-            while epochs < 2 or (trainer.jit_compile is None and epochs < 20):
-                trainer.fit(dataset, verbose=0)
-                epochs += 1
-            return {"precision": trainer.precision.policy, "jit_compile": trainer.jit_compile,
-                    "steps_per_call": trainer.steps_per_call}
+            notes = settle_trainer(trainer, dataset)
+            return dict(notes, precision=trainer.precision.policy)
 
         out.append(Approach(f"tapeworks precision={precision}",
                             lambda trainer=trainer: (trainer.fit(dataset, verbose=0), samples)[1],
