@@ -193,7 +193,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                 objectives.append(precision.scale_loss(hooks.on_loss(objective)))
         size = task_batch_size(batch)
         for update, updater, objective in zip(updates, updaters, objectives):
-            def run(update=update, updater=updater, objective=objective):
+            def run(update=update, updater=updater, objective=objective, tape=tape):
                 variables = updater.variables
                 gradients = precision.unscale(tape.gradient(objective, variables))
                 updater.add(gradients, variables, size)
