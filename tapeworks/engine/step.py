@@ -333,22 +333,18 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
     return tf.function(loop, autograph=False)
 
 
-def metric_results(trackers, task, precision):
-    """Returns a function giving every log value of a step as tensors.
+def collect_logs(trackers, task, precision):
+    """Every log value of a step, as tensors.
 
     Each loss, the task's metrics, the precision plugin's values (loss
     scale, skipped steps) and each weighting's current weights.
     """
-
-    def results():
-        logs = {name: tracker.result() for name, tracker in trackers.items()}
-        logs.update(task.metric_results())
-        logs.update(precision.logs())
-        for update in task.updates:
-            logs.update(getattr(update.loss, "logs", dict)())
-        return logs
-
-    return results
+    logs = {name: tracker.result() for name, tracker in trackers.items()}
+    logs.update(task.metric_results())
+    logs.update(precision.logs())
+    for update in task.updates:
+        logs.update(getattr(update.loss, "logs", dict)())
+    return logs
 
 
 def _unscale_for_replicas(loss):

@@ -383,10 +383,13 @@ class Trainer:
             return 0, 0, {}, 0.0
         batch = optional.get_value()
         start = time.perf_counter()
+        def one_step(mode):
+            return self._split_capture(self._strategy.run(self._step("train", mode),
+                                                          args=(batch,)))
+
         with guards.inside_step():
             try:
-                samples = self._strategy.run(self._step("train", jit), args=(batch,))
-                samples = self._split_capture(samples)
+                samples = one_step(jit)
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
                 if not jit or self._jit_setting != "auto":
                     raise
@@ -394,9 +397,7 @@ class Trainer:
                                "not using that mode", autotune.describe(jit),
                                _xla_failure(error))
                 self._planner.drop_xla(error, jit)
-                jit = False
-                samples = self._strategy.run(self._step("train", jit), args=(batch,))
-                samples = self._split_capture(samples)
+                samples = one_step(False)
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
             logs = {k: float(v) for k, v in self._results().items()}
         return 1, int(samples), logs, time.perf_counter() - start
@@ -421,9 +422,7 @@ class Trainer:
         """
         import tempfile
 
-        dataset = as_dataset(data, batch_size=batch_size)
-        self.task.check_data(dataset.element_spec, "data")
-        self._build(dataset.element_spec)
+        dataset = self._built_dataset(data, batch_size)
         mode = self.jit_compile or False
         loop = self._loop("train", mode)
         pipeline = diagnose_lib.pipeline_rate(dataset, batches)
@@ -521,10 +520,15 @@ class Trainer:
 
         Use it to restore a checkpoint into a fresh trainer before `fit`.
         """
+        self._built_dataset(data, batch_size)
+        return self
+
+    def _built_dataset(self, data, batch_size):
+        """`data` as a checked dataset, with every variable created for its batches."""
         dataset = as_dataset(data, batch_size=batch_size)
         self.task.check_data(dataset.element_spec, "data")
         self._build(dataset.element_spec)
-        return self
+        return dataset
 
     @staticmethod
     def _resolve_precision(model, precision):
@@ -540,9 +544,7 @@ class Trainer:
 
     def evaluate(self, data, *, batch_size=None, callbacks=None, verbose=0):
         """Returns `{"loss": ..., <metric>: ...}` over all of `data`."""
-        dataset = as_dataset(data, batch_size=batch_size, name="data")
-        self.task.check_data(dataset.element_spec, "data")
-        self._build(dataset.element_spec)
+        dataset = self._built_dataset(data, batch_size)
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=self.model, verbose=resolve_verbose(verbose))
         return self._evaluate_dataset(dataset, callback_list)
@@ -703,7 +705,7 @@ class Trainer:
         self.task.reset_metrics()
 
     def _results(self):
-        return step.metric_results(self._trackers, self.task, self.precision)()
+        return step.collect_logs(self._trackers, self.task, self.precision)
 
 
 def _model_supports_xla(model):
