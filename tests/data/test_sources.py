@@ -112,3 +112,16 @@ def test_image_folder_source(tmp_path):
     assert np.isfinite(trainer.fit(built, epochs=2, verbose=0).history["loss"][-1])
     with pytest.raises(tapeworks.ConfigError, match="No such folder"):
         data.image_folder_source(str(tmp_path / "missing"), image_size=(8, 8))
+
+
+def test_bad_tfrecord_arguments(tmp_path):
+    with pytest.raises(tapeworks.ConfigError, match="`features` is empty"):
+        data.write_tfrecords(str(tmp_path / "x"), {})
+    with pytest.raises(tapeworks.ConfigError, match="different numbers of examples"):
+        data.write_tfrecords(str(tmp_path / "x"), {"a": np.zeros(3), "b": np.zeros(4)})
+    with pytest.raises(tapeworks.ConfigError, match="Cannot store dtype complex128"):
+        data.write_tfrecords(str(tmp_path / "x"), {"a": np.zeros(3, complex)})
+    with pytest.raises(tapeworks.ConfigError, match="TFRecord files not found"):
+        data.tfrecord_source([str(tmp_path / "missing.tfrecord")], {})
+    with pytest.raises(tapeworks.ConfigError, match="could not be sliced into examples"):
+        data.pipeline((np.zeros(3), np.zeros(4)), batch_size=2, training=True)
