@@ -62,11 +62,14 @@ def test_bench_quick(tmp_path):
     assert approaches == {
         "tapeworks (defaults)", "keras fit (defaults)",
         "keras fit (jit_compile=True, steps_per_execution=32)",
-        "hand-written tf.function loop", "eager loop", "train_on_batch loop"}
+        "hand-written tf.function loop", "eager loop", "train_on_batch loop",
+        "ceiling: the step's matmuls alone (tf.function)",
+        "ceiling: the step's matmuls alone (XLA)"}
     assert all(len(row["repeats"]) == 3 and row["samples_per_s"] > 0 for row in report["rows"])
     baseline = [r for r in report["rows"] if r["approach"] == "keras fit (defaults)"]
     assert all(r["vs_keras_fit"] == 1.0 for r in baseline)
     assert report["facts"]["float32 matmul peak (GFLOP/s)"] > 0
+    assert len([f for f in report["facts"] if "% of the faster ceiling" in f]) == 2
     assert "tapeworks bench loops --quick" in (tmp_path / "loops.md").read_text()
     assert (tmp_path / "loops.png").stat().st_size > 5_000
 
