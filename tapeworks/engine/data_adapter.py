@@ -130,8 +130,7 @@ def _from_generator(data, name):
             f"`{name}` is a generator that yielded nothing. Expected it to "
             "yield batches: x, (x, y) or (x, y, sample_weight)."
         ) from None
-    if isinstance(first, list):
-        first = tuple(first)
+    first = _list_as_tuple(first)
     signature = tf.nest.map_structure(_spec_with_open_batch, first)
 
     if _is_generator_function(data):
@@ -147,7 +146,16 @@ def _from_generator(data, name):
         def generate():
             yield from make()
 
-    return tf.data.Dataset.from_generator(generate, output_signature=signature)
+    def batches():
+        # Keras accepts [x, y] as well as (x, y); tf.data matches structures
+        # exactly, so every batch, not only the first, becomes a tuple.
+        return (_list_as_tuple(batch) for batch in generate())
+
+    return tf.data.Dataset.from_generator(batches, output_signature=signature)
+
+
+def _list_as_tuple(batch):
+    return tuple(batch) if isinstance(batch, list) else batch
 
 
 def _spec_with_open_batch(value):

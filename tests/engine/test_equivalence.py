@@ -122,6 +122,25 @@ def test_generator_input():
     assert len(history.history["loss"]) == 2
 
 
+def test_generator_of_lists_trains_like_one_of_tuples():
+    # Keras takes [x, y] as well as (x, y); tf.data needs every batch, not
+    # only the first, turned into the signature's tuple.
+    x, y = models.regression_data(n=24)
+    weights = []
+    for pack in (tuple, list):
+        def batches(pack=pack):
+            for i in range(0, 24, 8):
+                yield pack((x[i:i + 8], y[i:i + 8]))
+
+        keras.utils.set_random_seed(0)
+        model = models.sequential()
+        tapeworks.Trainer(model, "sgd", "mse", jit_compile=False).fit(batches, epochs=2,
+                                                                      verbose=0)
+        weights.append(model.get_weights())
+    for as_tuples, as_lists in zip(*weights):
+        np.testing.assert_array_equal(as_tuples, as_lists)
+
+
 def test_exhausted_generator_object_gets_a_clear_error():
     x, y = models.regression_data(n=16)
     gen = ((x[i:i + 8], y[i:i + 8]) for i in range(0, 16, 8))
