@@ -100,6 +100,7 @@ class Trainer:
                  run_eagerly=False, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
                  check_data=True, diagnose_input=False):
+        _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
                                     ("metrics", metrics), ("loss_weights", loss_weights))
@@ -706,6 +707,24 @@ class Trainer:
 
     def _results(self):
         return step.collect_logs(self._trackers, self.task, self.precision)
+
+
+def _check_one_replica(strategy):
+    """Refuses several replicas before anything is touched, instead of a graph error mid-fit.
+
+    The step already runs through `strategy.run`, but several replicas
+    also need the dataset distributed, accumulators and counters updated
+    once across replicas, loss-scale verdicts agreed between them, and a
+    rule for how a Task's own losses are reduced: not built yet.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if replicas > 1:
+        raise ConfigError(
+            f"tapeworks.Trainer was created under {type(strategy).__name__} with {replicas} "
+            "replicas: training on several replicas is not supported yet. Expected the "
+            "default strategy or a single device (tf.distribute.OneDeviceStrategy). Fix: "
+            "create the Trainer outside `strategy.scope()` (or under OneDeviceStrategy), or "
+            "train this model with Keras' `model.fit` for multi-device runs for now.")
 
 
 def _model_supports_xla(model):
