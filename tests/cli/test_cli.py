@@ -70,6 +70,8 @@ def test_bench_quick(tmp_path):
     assert all(r["vs_keras_fit"] == 1.0 for r in baseline)
     assert report["facts"]["float32 matmul peak (GFLOP/s)"] > 0
     assert len([f for f in report["facts"] if "% of the faster ceiling" in f]) == 2
+    assert len([f for f in report["facts"] if "% of that bound" in f]) == 2
+    assert report["facts"]["memory bandwidth, streaming (GB/s)"] > 0
     assert "tapeworks bench loops --quick" in (tmp_path / "loops.md").read_text()
     assert (tmp_path / "loops.png").stat().st_size > 5_000
 

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.bench.peak import matmul_peak_gflops
+from tapeworks.bench.peak import matmul_peak_gflops, memory_bandwidth_gbs
 from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
@@ -38,6 +38,14 @@ class MLPSize:
 
     def macs_per_sample(self):
         return sum(a * b for a, b in zip(self.widths[:-1], self.widths[1:]))
+
+    def parameters(self):
+        return sum(a * b + b for a, b in zip(self.widths[:-1], self.widths[1:]))
+
+
+# Adam reads the weights, the gradient and both moments and writes the
+# weights and both moments: at least 7 float32 transfers per weight per step.
+ADAM_BYTES_PER_WEIGHT = 7 * 4
 
 
 SIZES = [
@@ -186,16 +194,35 @@ def matmul_ceiling(size, jit_compile):
     return run
 
 
+def bound_with_adam(size, ceiling_samples_per_s, bandwidth_gbs):
+    """Samples/s of the fastest step with Adam on this machine: an estimate from two measurements.
+
+    The matrix products at the ceiling's speed, then Adam's minimal memory
+    traffic at the measured streaming bandwidth, and nothing else (no
+    activations, no loss, no overlap: two cores cannot stream and multiply
+    at full speed at once).
+    """
+    step_seconds = (size.batch / ceiling_samples_per_s
+                    + size.parameters() * ADAM_BYTES_PER_WEIGHT / (bandwidth_gbs * 1e9))
+    return size.batch / step_seconds
+
+
 def run(quick=False, repeats=5):
     sizes = QUICK_SIZES if quick else SIZES
     peak = matmul_peak_gflops(size=512 if quick else 2048, repeats=3 if quick else 5)
-    rows, facts = [], {"float32 matmul peak (GFLOP/s)": peak}
+    bandwidth = memory_bandwidth_gbs(megabytes=16 if quick else 64, repeats=3 if quick else 5)
+    rows, facts = [], {"float32 matmul peak (GFLOP/s)": peak,
+                       "memory bandwidth, streaming (GB/s)": bandwidth}
     for size in sizes:
         results = alternate(approaches(size), repeats)
         base = results[BASELINE]["samples_per_s"]
         ceiling = max(results[name]["samples_per_s"] for name in CEILINGS.values())
-        facts[f"{size.name}: tapeworks, % of the faster ceiling"] = (
-            100 * results[TAPEWORKS]["samples_per_s"] / ceiling)
+        ours = results[TAPEWORKS]["samples_per_s"]
+        facts[f"{size.name}: tapeworks, % of the faster ceiling"] = 100 * ours / ceiling
+        bound = bound_with_adam(size, ceiling, bandwidth)
+        facts[f"{size.name}: bound with Adam (ceiling + Adam's memory traffic), "
+              "% of matmul peak"] = 100 * bound * 6 * size.macs_per_sample() / 1e9 / peak
+        facts[f"{size.name}: tapeworks, % of that bound"] = 100 * ours / bound
         flops_per_sample = 6 * size.macs_per_sample()  # forward 2, backward 4 per MAC
         for name, result in results.items():
             gflops = result["samples_per_s"] * flops_per_sample / 1e9
