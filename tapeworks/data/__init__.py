@@ -2,7 +2,7 @@
 
 from tapeworks.data.diagnose import InputReport
 from tapeworks.data.pipeline_check import Finding, check
-from tapeworks.data.pipeline import pipeline
+from tapeworks.data.pipeline import pipeline, without_autotuning
 from tapeworks.data.sources import (
     generator_source,
     image_folder_source,
@@ -12,4 +12,4 @@ from tapeworks.data.sources import (
 )
 
 __all__ = ["Finding", "InputReport", "check", "generator_source", "image_folder_source", "locate_corruption",
-           "pipeline", "tfrecord_source", "write_tfrecords"]
+           "pipeline", "tfrecord_source", "without_autotuning", "write_tfrecords"]

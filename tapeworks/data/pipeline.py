@@ -124,3 +124,20 @@ def _augment(dataset, augment, seed, parallel):
         return augment(*args, seed=pair)
 
     return paired.map(call, **parallel)
+
+
+def without_autotuning(dataset):
+    """`dataset` with tf.data's autotuning model off: for data already in memory.
+
+    The model times every element and re-plans in a background thread.
+    Measured here (`tapeworks bench autotune`): on a 2-core machine a
+    compute-bound training step fed from an in-memory dataset ran at one of
+    two speeds from epoch to epoch with the model on (both cores partly idle
+    in the slow one), and at the fast one every time with it off. Arrays
+    sliced in memory have nothing for it to tune; a `prefetch(AUTOTUNE)`
+    still grows its buffer on demand (tf.data's own prefetch autotuner).
+    Keep the model on for pipelines that decode or augment in parallel.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)

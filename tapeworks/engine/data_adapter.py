@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.errors import ConfigError
+from tapeworks.data.pipeline import without_autotuning
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -103,7 +104,9 @@ def _from_arrays(data, batch_size, shuffle, seed, name):
         dataset = dataset.shuffle(
             num_samples, seed=seed, reshuffle_each_iteration=True
         )
-    return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    # In memory: nothing for tf.data's autotuning model to tune, and it
+    # slows compute-bound steps on small CPU machines (see the function).
+    return without_autotuning(dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE))
 
 
 def _from_generator(data, name):

@@ -88,7 +88,7 @@ def test_bench_list():
     result = tapeworks("bench", "--list")
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
-        "loops", "accumulate", "precision", "gan", "input", "lint"]
+        "loops", "accumulate", "precision", "gan", "input", "lint", "autotune"]
 
 
 @pytest.mark.slow
@@ -107,3 +107,16 @@ def test_lint_bench_quick_needs_no_network(tmp_path):
     report = json.loads((tmp_path / "lint.json").read_text())
     assert report["facts"]["files"] > 100
     assert (tmp_path / "lint-sample.md").exists()
+
+
+@pytest.mark.slow
+def test_autotune_bench_pairs_every_loop_with_the_model_on_and_off(tmp_path):
+    result = tapeworks("bench", "autotune", "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "autotune.json").read_text())["rows"]
+    names = [r["approach"] for r in rows]
+    assert len(names) == 4 and {n.rsplit(" ", 1)[1] for n in names} == {"on", "off"}
+    for row in rows:
+        assert row["slowest"] <= row["samples_per_s"] <= row["fastest"]
+        if row["approach"].endswith("model on"):
+            assert row["vs_model_on"] == 1.0

@@ -83,3 +83,21 @@ def test_bad_arguments():
         data.pipeline(arrays(), batch_size=0, training=True)
     with pytest.raises(ConfigError, match="cache"):
         data.pipeline(arrays(), batch_size=2, training=True, cache=3)
+
+
+def test_without_autotuning_turns_the_model_off_and_keeps_the_elements():
+    dataset = tf.data.Dataset.range(10).batch(4).prefetch(tf.data.AUTOTUNE)
+    untuned = data.without_autotuning(dataset)
+    assert dataset.options().autotune.enabled is not False
+    assert untuned.options().autotune.enabled is False
+    assert [b.tolist() for b in untuned.as_numpy_iterator()] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                                 [8, 9]]
+
+
+def test_arrays_given_to_fit_are_sliced_without_the_autotuning_model():
+    from tapeworks.engine.data_adapter import as_dataset
+
+    x = np.arange(12, dtype="float32").reshape(6, 2)
+    dataset = as_dataset((x, x[:, :1]), batch_size=4, shuffle=False)
+    assert dataset.options().autotune.enabled is False
+    assert [b[0].shape[0] for b in dataset] == [4, 2]

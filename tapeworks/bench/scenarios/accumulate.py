@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
@@ -102,7 +103,7 @@ def measure_memory(accumulate, batch, side, width, steps):
     compiler's own memory, which says nothing about accumulation.
     """
     x, y = _data(side, batch * steps)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    dataset = in_memory_dataset((x, y), batch)
     trainer = _trainer(side, width, accumulate, jit_compile=False, steps_per_call=4)
     trainer.build_state(dataset)
     # Warm up outside the measured span on one whole window, so that both the
@@ -134,7 +135,7 @@ def run(quick=False, repeats=5):
     config = _config(quick)
     side, width, micro, steps = config["side"], config["width"], config["micro"], config["steps"]
     x, y = _data(side, micro * steps)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro).cache()
+    dataset = in_memory_dataset((x, y), micro)
     samples = len(x)
     approaches = []
     for accumulate in (1, 4):

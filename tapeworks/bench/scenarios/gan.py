@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.scenarios.accumulate import _PeakSampler, _rss_bytes
 from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
@@ -122,7 +123,7 @@ def _gan_rows(quick, repeats):
     rng = np.random.default_rng(0)
     slow_steps, fast_steps = (4, 40) if quick else (20, 400)
     real = rng.normal(size=(fast_steps, BATCH, DATA)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices(real.reshape(-1, DATA)).batch(BATCH).cache()
+    dataset = in_memory_dataset(real.reshape(-1, DATA), BATCH)
     batches = [tf.constant(b) for b in real]
     trainer = Trainer(_GAN(), seed=0)
 
@@ -171,7 +172,7 @@ def _perceptual_rows(quick, repeats):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * batch, 32, 32, 3)).astype("float32")
     y = rng.normal(size=(steps * batch, 32, 32, 3)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    dataset = in_memory_dataset((x, y), batch)
     pairs = [(tf.constant(x[i:i + batch]), tf.constant(y[i:i + batch]))
              for i in range(0, len(x), batch)]
 

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.peak import matmul_peak_gflops, memory_bandwidth_gbs
 from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
@@ -80,9 +81,9 @@ def _data(size, steps):
 def approaches(size):
     """The six loops, each on its own copy of the same model and data."""
     x, y = _data(size, size.steps)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(size.batch).cache()
+    dataset = in_memory_dataset((x, y), size.batch)
     sx, sy = _data(size, size.slow_steps)
-    slow_dataset = tf.data.Dataset.from_tensor_slices((sx, sy)).batch(size.batch).cache()
+    slow_dataset = in_memory_dataset((sx, sy), size.batch)
     samples, slow_samples = len(x), len(sx)
     out = []
 

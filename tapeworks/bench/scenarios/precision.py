@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.peak import matmul_peak_gflops
 from tapeworks.bench.scenarios.accumulate import build_convnet
 from tapeworks.bench.scenarios.loops import build_mlp
@@ -42,7 +43,7 @@ def _approaches(build, shape, batch, steps):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * batch, *shape)).astype("float32")
     y = rng.integers(0, 10, steps * batch).astype("int32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    dataset = in_memory_dataset((x, y), batch)
     samples = len(x)
     out = []
     for precision in POLICIES + ("auto",):
