@@ -33,8 +33,9 @@ import statistics
 
 PROBE_STEPS = 8          # the least second number of steps per call probed
 PROBE_SECONDS = 0.02     # ... raised until such a call lasts about this long
-ROUNDS = 5               # timed repeats of each probe (medians of these; this machine
-                         # shows two speed states, so three were too few)
+ROUNDS = 5               # timed repeats of each probe (medians of these; with tf.data's
+                         # autotuning model on, steps flip between two speeds, so three
+                         # were too few)
 OVERHEAD_SHARE = 0.005   # target share of a call spent on per-call overhead (at 2%,
                          # the large MLP of `bench loops` ran 2% behind Keras' fit with
                          # 32 steps per execution: the overhead it allowed)
