@@ -46,7 +46,11 @@ def check(dataset, training=None):
         training: True when it feeds training (then a pipeline without any
             batching is reported too).
     """
-    graph = dataset_graph(dataset)
+    return check_graph(dataset_graph(dataset), training)
+
+
+def check_graph(graph, training=None):
+    """`check` on a graph already read with `dataset_graph` (reading one is not free)."""
     nodes = {n.name: n for n in graph.node}
     functions = {f.signature.name: f for f in graph.library.function}
     chain = _chain(nodes)
@@ -107,6 +111,27 @@ def check(dataset, training=None):
         add("TD008", "unbatched data fed to training: each step would see one example",
             chain[-1], "add `.batch(batch_size)` (tapeworks.data.pipeline does)")
     return findings
+
+
+IN_MEMORY_SOURCES = {"TensorSliceDataset", "TensorDataset", "RangeDataset"}
+# Steps that reorder, group or repeat elements without computing anything:
+# nothing in them for tf.data's autotuning model to tune but a prefetch
+# buffer, which tf.data's own prefetch autotuner sizes without the model.
+NOTHING_TO_TUNE = ((SHUFFLES | BATCHES | CACHES) - {"ParallelBatchDataset"}) | {
+    "PrefetchDataset", "RepeatDataset", "TakeDataset", "SkipDataset", "UnbatchDataset",
+    "ShardDataset"}
+
+
+def in_memory(graph):
+    """True when a pipeline (a graph from `dataset_graph`) only slices tensors held in memory.
+
+    Such a pipeline has nothing for tf.data's autotuning model to tune (see
+    `tapeworks.data.without_autotuning`); any map, interleave, filter or
+    file source makes it False.
+    """
+    chain = _chain({n.name: n for n in graph.node})
+    return bool(chain) and chain[0].op in IN_MEMORY_SOURCES and all(
+        node.op in NOTHING_TO_TUNE for node in chain[1:])
 
 
 # Datasets that only carry options or bookkeeping: not steps of the pipeline.

@@ -19,7 +19,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.data.pipeline_check import check as check_pipeline
+from tapeworks.data import pipeline_check
+from tapeworks.data.pipeline import without_autotuning
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import sources
 from tapeworks.engine import autotune, guards, step
@@ -65,6 +66,16 @@ class Trainer:
             is computed in float32.
         clip_norm: clip the update's gradients to this global norm.
         clip_value: clip each gradient element to [-clip_value, clip_value].
+        capture_every: with a Task that calls `self.capture(name, tensor)`,
+            copy those tensors out every this many steps (see CaptureCallback).
+        check_data: read each tf.data pipeline passed to `fit` once: report
+            pipeline mistakes (`tapeworks.data.check`), and when it only slices
+            tensors held in memory, train on it with tf.data's autotuning
+            model off (nothing to tune; on small CPU machines the model makes
+            compute-bound steps flip between two speeds) unless its options
+            set that model explicitly. False skips both.
+        diagnose_input: after the first epoch, measure whether training waits
+            for its input (`diagnose_input`) and report it.
 
     Accumulation: the update is the gradient of the mean loss over every
     sample of the window (micro-batches weighted by their size), which equals
@@ -174,7 +185,7 @@ class Trainer:
         self.check_data = check_data
         self.diagnose_input_after_first_epoch = diagnose_input
         self.data_findings = []   # what tapeworks.data.check said about the last fit's data
-        self._checked_datasets = weakref.WeakSet()
+        self._inspected = weakref.WeakKeyDictionary()  # user dataset -> sliced from memory?
         self.input_report = None  # the InputReport of diagnose_input
         self._capture = None    # Capture buffers, created in _build
         self._delivered_capture = -1
@@ -249,12 +260,8 @@ class Trainer:
         _check_epochs(epochs, initial_epoch, steps_per_epoch)
         dataset = as_dataset(data, batch_size=batch_size, shuffle=shuffle, seed=self.seed)
         self.task.check_data(dataset.element_spec, "data")
-        if self.check_data and isinstance(data, tf.data.Dataset) and \
-                data not in self._checked_datasets:
-            # Only pipelines the user built (tapeworks builds its own correctly),
-            # once each: serializing a graph that holds large arrays is not free.
-            self._checked_datasets.add(data)
-            self._report_pipeline_findings(dataset, verbose)
+        if self.check_data and isinstance(data, tf.data.Dataset):
+            dataset = self._inspect_user_dataset(data, verbose)
         val_dataset = None
         if validation_data is not None:
             val_dataset = as_dataset(validation_data, batch_size=validation_batch_size
@@ -403,17 +410,35 @@ class Trainer:
             logs = {k: float(v) for k, v in self._results().items()}
         return 1, int(samples), logs, time.perf_counter() - start
 
-    def _report_pipeline_findings(self, dataset, verbose):
-        try:
-            self.data_findings = check_pipeline(dataset, training=True)
-        except (tf.errors.OpError, NotImplementedError) as error:
-            # A pipeline tf.data cannot serialize (some stateful sources): say so, train on.
-            logger.info("tapeworks: the data pipeline could not be checked (%s)", error)
-            self.data_findings = []
-        for finding in self.data_findings:
-            logger.warning("tapeworks data check: %s", finding)
-            if verbose:
-                print(f"tapeworks data check: {finding}")
+    def _inspect_user_dataset(self, data, verbose):
+        """Reads a dataset the user built, once: its pipeline findings, and whether it is in memory.
+
+        Only pipelines the user built (tapeworks builds its own correctly),
+        once each: serializing a graph that holds large arrays is not free.
+        Returns the dataset to train on: the same one, with tf.data's
+        autotuning model off when it only slices tensors in memory and the
+        user left that option unset (see `data.without_autotuning`).
+        """
+        if data not in self._inspected:
+            try:
+                graph = pipeline_check.dataset_graph(data)
+            except (tf.errors.OpError, NotImplementedError) as error:
+                # A pipeline tf.data cannot serialize (some stateful sources): say so, train on.
+                logger.info("tapeworks: the data pipeline could not be checked (%s)", error)
+                self.data_findings, self._inspected[data] = [], False
+                return data
+            self.data_findings = pipeline_check.check_graph(graph, training=True)
+            for finding in self.data_findings:
+                logger.warning("tapeworks data check: %s", finding)
+                if verbose:
+                    print(f"tapeworks data check: {finding}")
+            self._inspected[data] = pipeline_check.in_memory(graph)
+            if self._inspected[data] and data.options().autotune.enabled is None:
+                logger.info("tapeworks: the data is sliced from memory; tf.data's autotuning "
+                            "model is off for it (nothing to tune)")
+        if self._inspected[data] and data.options().autotune.enabled is None:
+            return without_autotuning(data)
+        return data
 
     def diagnose_input(self, data, batches=30, batch_size=None):
         """Measures whether training waits for data; returns a `tapeworks.data.InputReport`.

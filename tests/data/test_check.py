@@ -81,3 +81,52 @@ def test_trainer_reports_findings_at_the_start_of_fit(capsys):
     quiet = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, check_data=False)
     quiet.fit(bad, verbose=0)
     assert quiet.data_findings == []
+
+
+def in_memory(dataset):
+    from tapeworks.data.pipeline_check import dataset_graph, in_memory as graph_in_memory
+
+    return graph_in_memory(dataset_graph(dataset))
+
+
+def test_in_memory_means_sliced_tensors_and_nothing_computed():
+    assert in_memory(source().shuffle(100).batch(10).cache().prefetch(AUTOTUNE).repeat())
+    assert in_memory(tf.data.Dataset.range(10).batch(2).take(3))
+    assert not in_memory(source().map(lambda x, y: (x * 2, y)).batch(10))
+    assert not in_memory(source().filter(lambda x, y: y > 0).batch(10))
+    assert not in_memory(tf.data.Dataset.from_generator(
+        lambda: iter([1, 2]), output_signature=tf.TensorSpec((), tf.int32)).batch(2))
+
+
+def test_trainer_turns_the_autotuning_model_off_only_for_in_memory_data():
+    import keras
+
+    import tapeworks
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
+    sliced = source().batch(10)
+    assert trainer._inspect_user_dataset(sliced, verbose=0).options().autotune.enabled is False
+    mapped = source().map(lambda x, y: (x, y), num_parallel_calls=AUTOTUNE).batch(10)
+    assert trainer._inspect_user_dataset(mapped, verbose=0).options().autotune.enabled is None
+    options = tf.data.Options()
+    options.autotune.enabled = True  # the user's explicit choice wins
+    chosen = sliced.with_options(options)
+    assert trainer._inspect_user_dataset(chosen, verbose=0).options().autotune.enabled is True
+
+
+def test_turning_the_autotuning_model_off_changes_no_result():
+    import keras
+
+    import tapeworks
+
+    weights = []
+    for check_data in (True, False):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False,
+                                    check_data=check_data)
+        trainer.fit(source().shuffle(100, seed=1).batch(10), epochs=2, verbose=0)
+        weights.append(model.get_weights())
+    for inspected, untouched in zip(*weights):
+        np.testing.assert_array_equal(inspected, untouched)
