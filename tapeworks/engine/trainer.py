@@ -735,21 +735,27 @@ class Trainer:
 
 
 def _check_one_replica(strategy):
-    """Refuses several replicas before anything is touched, instead of a graph error mid-fit.
+    """Refuses strategies the step does not support yet, before anything is touched.
 
-    The step already runs through `strategy.run`, but several replicas
-    also need the dataset distributed, accumulators and counters updated
-    once across replicas, loss-scale verdicts agreed between them, and a
-    rule for how a Task's own losses are reduced: not built yet.
+    The step already runs through `strategy.run`, but other strategies than
+    the default one and OneDeviceStrategy synchronise replicas inside it
+    (Keras' optimizer all-reduces gradients through `merge_call`, which a
+    step compiled in its own `tf.function` cannot do, even with one
+    replica), and several replicas also need the dataset distributed,
+    accumulators and counters updated once across replicas, loss-scale
+    verdicts agreed between them, and a rule for how a Task's own losses
+    are reduced: not built yet. Without this check, fit fails inside the
+    graph with an error that names none of it.
     """
+    if not tf.distribute.has_strategy() or isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return
     replicas = strategy.num_replicas_in_sync
-    if replicas > 1:
-        raise ConfigError(
-            f"tapeworks.Trainer was created under {type(strategy).__name__} with {replicas} "
-            "replicas: training on several replicas is not supported yet. Expected the "
-            "default strategy or a single device (tf.distribute.OneDeviceStrategy). Fix: "
-            "create the Trainer outside `strategy.scope()` (or under OneDeviceStrategy), or "
-            "train this model with Keras' `model.fit` for multi-device runs for now.")
+    raise ConfigError(
+        f"tapeworks.Trainer was created under {type(strategy).__name__} ({replicas} "
+        f"replica{'s' if replicas != 1 else ''}): distributed training is not supported yet. "
+        "Expected the default strategy or a single device (tf.distribute.OneDeviceStrategy). "
+        "Fix: create the Trainer outside `strategy.scope()` (or under OneDeviceStrategy), or "
+        "train this model with Keras' `model.fit` for multi-device runs for now.")
 
 
 def _model_supports_xla(model):

@@ -28,6 +28,19 @@ def test_one_device_strategy_trains_like_the_default_strategy():
         np.testing.assert_allclose(default, one_device, rtol=0, atol=1e-6)
 
 
+def test_a_one_device_mirrored_strategy_is_refused_too():
+    # One replica, but MirroredStrategy's step synchronises through merge_call,
+    # which fails inside the compiled step: refused up front, weights untouched.
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = models.sequential()
+        before = model.get_weights()
+        with pytest.raises(tapeworks.ConfigError, match=r"MirroredStrategy \(1 replica\)"):
+            tapeworks.Trainer(model, "sgd", "mse")
+    for was, now in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(was, now)
+
+
 # Logical devices must be set before TensorFlow starts: a fresh process.
 SEVERAL_REPLICAS = textwrap.dedent("""
     import keras, numpy as np, tensorflow as tf
@@ -52,6 +65,6 @@ def test_several_replicas_are_refused_with_a_clear_error():
     result = subprocess.run([sys.executable, "-c", SEVERAL_REPLICAS], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "REFUSED: tapeworks.Trainer was created under MirroredStrategy with 2 replicas" \
+    assert "REFUSED: tapeworks.Trainer was created under MirroredStrategy (2 replicas)" \
         in result.stdout
     assert "OneDeviceStrategy" in result.stdout
