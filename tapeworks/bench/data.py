@@ -5,6 +5,11 @@ import tensorflow as tf
 from tapeworks.data.pipeline import without_autotuning
 
 
+def cached_batches(arrays, batch_size):
+    """Batches of `arrays`, cached, as a user would build them (tf.data's options untouched)."""
+    return tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size).cache()
+
+
 def in_memory_dataset(arrays, batch_size):
     """Batches of `arrays`, cached, with tf.data's autotuning model off.
 
@@ -12,5 +17,4 @@ def in_memory_dataset(arrays, batch_size):
     compute-bound steps on a small CPU machine flip between two speeds
     (`tapeworks bench autotune`): off, for every approach alike.
     """
-    dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size).cache()
-    return without_autotuning(dataset)
+    return without_autotuning(cached_batches(arrays, batch_size))

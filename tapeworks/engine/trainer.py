@@ -185,7 +185,8 @@ class Trainer:
         self.check_data = check_data
         self.diagnose_input_after_first_epoch = diagnose_input
         self.data_findings = []   # what tapeworks.data.check said about the last fit's data
-        self._inspected = weakref.WeakKeyDictionary()  # user dataset -> sliced from memory?
+        # user dataset (read once) -> train on it without tf.data's autotuning model?
+        self._untuned = weakref.WeakKeyDictionary()
         self.input_report = None  # the InputReport of diagnose_input
         self._capture = None    # Capture buffers, created in _build
         self._delivered_capture = -1
@@ -419,26 +420,26 @@ class Trainer:
         autotuning model off when it only slices tensors in memory and the
         user left that option unset (see `data.without_autotuning`).
         """
-        if data not in self._inspected:
+        if data not in self._untuned:
             try:
                 graph = pipeline_check.dataset_graph(data)
             except (tf.errors.OpError, NotImplementedError) as error:
                 # A pipeline tf.data cannot serialize (some stateful sources): say so, train on.
                 logger.info("tapeworks: the data pipeline could not be checked (%s)", error)
-                self.data_findings, self._inspected[data] = [], False
+                self.data_findings, self._untuned[data] = [], False
                 return data
             self.data_findings = pipeline_check.check_graph(graph, training=True)
             for finding in self.data_findings:
                 logger.warning("tapeworks data check: %s", finding)
                 if verbose:
                     print(f"tapeworks data check: {finding}")
-            self._inspected[data] = pipeline_check.in_memory(graph)
-            if self._inspected[data] and data.options().autotune.enabled is None:
+            # A dataset's options never change, so the answer holds for every fit.
+            self._untuned[data] = (pipeline_check.in_memory(graph)
+                                   and data.options().autotune.enabled is None)
+            if self._untuned[data]:
                 logger.info("tapeworks: the data is sliced from memory; tf.data's autotuning "
                             "model is off for it (nothing to tune)")
-        if self._inspected[data] and data.options().autotune.enabled is None:
-            return without_autotuning(data)
-        return data
+        return without_autotuning(data) if self._untuned[data] else data
 
     def diagnose_input(self, data, batches=30, batch_size=None):
         """Measures whether training waits for data; returns a `tapeworks.data.InputReport`.

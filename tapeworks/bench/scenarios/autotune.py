@@ -14,8 +14,8 @@ the median, because the effect is a second mode, not a shift of the mean.
 """
 
 import keras
-import tensorflow as tf
 
+from tapeworks.bench.data import cached_batches
 from tapeworks.bench.scenarios.loops import SIZES, QUICK_SIZES, _data, _loss, build_mlp
 from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.data.pipeline import without_autotuning
@@ -26,7 +26,7 @@ DESCRIPTION = "in-memory training data with tf.data's autotuning model on vs off
 
 def approaches(size):
     x, y = _data(size, size.steps)
-    cached = tf.data.Dataset.from_tensor_slices((x, y)).batch(size.batch).cache()
+    cached = cached_batches((x, y), size.batch)
     datasets = {"as built": cached, "through without_autotuning": without_autotuning(cached)}
     out = []
     for state, dataset in datasets.items():
