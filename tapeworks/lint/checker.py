@@ -48,6 +48,10 @@ LOSS_SCALING_NAMES = {"LossScaleOptimizer", "scale_loss", "get_scaled_loss",
 _LEAVES = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop, ast.Constant)
 
 
+# Methods that Keras' and tapeworks' loops run under their GradientTape.
+TAPED_METHODS = {"train_step", "compute_losses", "compute_loss"}
+
+
 def _children(node):
     """The child nodes of `node`: `ast.iter_child_nodes`, without its per-field generator."""
     for field in node._fields:
@@ -296,7 +300,10 @@ class _Checker(ast.NodeVisitor):
             self.report(node, "TW107", what=f"tf.function `{node.name}` defined inside a "
                                              "loop: a new function, traced anew, each iteration")
         saved = self.tapes, self.loops
-        self.tapes, self.loops = [], []
+        # A custom `train_step` or a Task's `compute_losses` runs under the
+        # tape of the loop that calls it: its body counts as taped.
+        self.tapes, self.loops = ([node] if node.name in TAPED_METHODS and node.args.args
+                                  and node.args.args[0].arg == "self" else []), []
         self.functions.append((node, is_tf))
         self._enter_scope(node)
         for statement in node.body:
@@ -422,7 +429,8 @@ class _Checker(ast.NodeVisitor):
     def visit_BinOp(self, node):
         self.generic_visit(node)
         if isinstance(node.op, ast.FloorDiv) and self._is_int_tensor(node.left) and \
-                self._is_int_tensor(node.right) and self._meant_as_ratio(node, node.left):
+                self._is_int_tensor(node.right) and (self._meant_as_ratio(node, node.left)
+                                                     or _always_zero(node)):
             self.report(node, "TW110", expr=ast.unparse(node))
 
     def _meant_as_ratio(self, division, numerator):
@@ -559,7 +567,8 @@ class _Checker(ast.NodeVisitor):
             elif kind == "train":
                 for assign, name, models in pending:
                     if owner in models:
-                        self.report(assign, "TW108", name=name, model=owner)
+                        self.report(assign, "TW108", name=_trainable_owner(assign),
+                                    model=owner)
 
     # Dataset pipelines ------------------------------------------------------
 
@@ -637,7 +646,7 @@ class _Checker(ast.NodeVisitor):
             dtype = node.args[1]
         if dtype is not None:
             return _dtype_name(dtype) in INT_DTYPES
-        if last in INT_RESULT_FUNCS:
+        if last in INT_RESULT_FUNCS or _literal_int(node) is not None:
             return True
         if last in REDUCTIONS and node.args:
             return self._is_int_tensor(node.args[0])
@@ -647,6 +656,24 @@ class _Checker(ast.NodeVisitor):
 _DISPATCH = {getattr(ast, name[len("visit_"):]): method
              for name, method in vars(_Checker).items()
              if name.startswith("visit_") and hasattr(ast, name[len("visit_"):])}
+
+
+def _literal_int(node):
+    """7 for `tf.constant(7)` (no dtype, an int literal), else None."""
+    if not (isinstance(node, ast.Call) and (_call_name(node) or "").split(".")[-1] == "constant"
+            and (_call_name(node) or "").split(".")[0] in ("tf", "tensorflow")
+            and node.args and not node.keywords):
+        return None
+    value = node.args[0]
+    if isinstance(value, ast.Constant) and type(value.value) is int:
+        return value.value
+    return None
+
+
+def _always_zero(division):
+    """`tf.constant(7) // tf.constant(10)`: constants whose floor division is always 0."""
+    left, right = _literal_int(division.left), _literal_int(division.right)
+    return left is not None and right is not None and 0 <= left < right
 
 
 def _dtype_name(node):
@@ -679,13 +706,21 @@ def _comment_lines(source):
     return comments
 
 
+def _trainable_owner(assign):
+    """"model.layers[0]" for `model.layers[0].trainable = False`."""
+    for target in assign.targets:
+        if isinstance(target, ast.Attribute) and target.attr == "trainable":
+            return ast.unparse(target.value)
+    return "?"
+
+
 def check_tree(tree, path="<string>"):
     """All findings for a parsed module, before noqa and rule selection."""
     return sorted(_Checker(tree, path, _FileFacts(tree)).run(tree))
 
 
 # A file none of whose rules' trigger words appears cannot produce a finding:
-# skipping its parse (most of the cost) is what keeps large trees fast.
+# skipping its walk keeps large trees fast.
 _TRIGGERS = re.compile(
     r"GradientTape"                                   # TW101, TW104, TW105, TW111
     r"|\.predict(_on_batch)?\("                        # TW102
@@ -699,13 +734,15 @@ _TRIGGERS = re.compile(
 
 def check_source(source, path="<string>", select=None, ignore=()):
     """Findings for one file's source text, with `# noqa` and rule selection applied."""
-    if not _TRIGGERS.search(source):
-        return []  # (so a syntax error there is left to the interpreter and flake8)
     try:
+        # Parsed even when no rule can fire, so that a file that does not
+        # parse is reported (as flake8's E999 is) instead of passing.
         tree = ast.parse(source, filename=path)
     except SyntaxError as error:
         return [Finding(path, error.lineno or 1, max((error.offset or 1) - 1, 0), PARSE_ERROR,
                         f"could not parse: {error.msg}")]
+    if not _TRIGGERS.search(source):
+        return []
     findings = check_tree(tree, path)
     # Tokenizing costs as much as parsing: only when a noqa could matter.
     comments = _comment_lines(source) if findings and "noqa" in source.lower() else {}

@@ -18,11 +18,16 @@ class Rule:
     bad: str
     good: str
     fix: str
+    title: str = ""   # for rules whose message is all placeholder: what `--list` shows
+
+    @property
+    def summary(self):
+        """One line for `--list` and `--explain`: the message, placeholders as `...`."""
+        return self.title or re.sub(r"\{\w+\}", "...", self.message)
 
     def explain(self):
-        summary = re.sub(r"\{\w+\}", "...", self.message)
         return "\n".join([
-            f"{self.code} ({self.name}): {summary}",
+            f"{self.code} ({self.name}): {self.summary}",
             "",
             textwrap.fill(self.why, 78),
             "",
@@ -169,6 +174,8 @@ RULES = {rule.code: rule for rule in [
         """,
         "pass tensors (`tf.constant(step)`) for values that change, and create each "
         "tf.function once, outside the loop.",
+        title="a tf.function retraced every iteration (a Python value argument, or created "
+              "in a loop)",
     ),
     Rule(
         "TW108", "trainable-changed-after-compile",
@@ -206,6 +213,8 @@ RULES = {rule.code: rule for rule in [
         """,
         "shuffle before batch, `num_parallel_calls=tf.data.AUTOTUNE` on map, and end with "
         "`.prefetch(tf.data.AUTOTUNE)` (tapeworks.data.pipeline builds this order).",
+        title="a tf.data pipeline out of order: sequential map, shuffle after batch, no "
+              "final prefetch",
     ),
     Rule(
         "TW110", "integer-floor-division",

@@ -82,6 +82,7 @@ def test_explain_and_list():
     assert "Bad:" in result.stdout and "Good:" in result.stdout and "Fix:" in result.stdout
     listed = lint("--list").stdout.splitlines()
     assert [line.split()[0] for line in listed] == [f"TW1{i:02d}" for i in range(1, 12)]
+    assert not any("{" in line for line in listed)   # no raw message templates
 
 
 def test_flake8_plugin(project):

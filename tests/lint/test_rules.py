@@ -370,6 +370,34 @@ def test_syntax_error_is_a_finding():
     assert finding.code == "TW000" and finding.line == 2
 
 
-def test_files_without_trigger_words_are_not_parsed():
-    # Nothing any rule looks for: skipped before parsing, broken or not.
-    assert check_source("def broken(:\n", "b.py") == []
+def test_a_syntax_error_is_reported_in_any_file():
+    # No rule's trigger word, and still a finding (flake8 reports E999 for any file).
+    (finding,) = check_source("def broken(:\n", "b.py")
+    assert finding.code == "TW000"
+
+
+def test_floor_division_of_constants_that_is_always_zero():
+    assert codes("ratio = tf.constant(7) // tf.constant(10)\n") == ["TW110"]
+    assert codes("pages = tf.constant(70) // tf.constant(10)\n") == []
+
+
+def test_trainable_message_names_what_changed():
+    (finding,) = check_source(HEADER + textwrap.dedent("""
+        model.compile("adam", "mse")
+        model.layers[0].trainable = False
+        model.fit(x, y)
+        """), "t.py")
+    assert finding.code == "TW108"
+    assert finding.message.startswith("`model.layers[0].trainable` changed after `model.compile()`")
+
+
+@pytest.mark.parametrize("method", ["compute_losses", "train_step"])
+def test_predict_in_a_method_that_runs_under_the_loops_tape(method):
+    source = f"""
+        class Custom(tapeworks.Task):
+            def {method}(self, batch, training=True):
+                features = self.critic.predict(batch)
+                return features
+        """
+    assert codes(source) == ["TW101"]
+    assert codes(source.replace(f"def {method}", "def helper")) == []
