@@ -1,17 +1,64 @@
 """The `tapeworks` command line: one entry point, one sub-command per verb."""
 
 import argparse
+import importlib.metadata
 import json
 import os
+import pkgutil
 import sys
+import tempfile
+
+import tapeworks
 
 
 def _quiet_tensorflow():
-    # TensorFlow's C++ start-up chatter hides the output users came for.
+    """Imports TensorFlow without its C++ start-up lines (oneDNN, cudart_stub, cuInit).
+
+    Those lines are written straight to file descriptor 2 before TensorFlow's
+    logging is set up, so TF_CPP_MIN_LOG_LEVEL does not reach them. The CLI
+    imports TensorFlow (and lists its devices, which prints the CUDA lines)
+    with descriptor 2 sent to a temporary file, and shows that file only if
+    the import fails. Verbs that do not need TensorFlow (lint) skip this.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with tempfile.TemporaryFile() as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _version():
+    def installed(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"tapeworks {tapeworks.__version__} (TensorFlow {installed('tensorflow')}, "
+            f"Keras {installed('keras')})")
+
+
+def _scenario_names():
+    """The bench scenarios, read from the package's files: no TensorFlow import needed."""
+    from tapeworks.bench import scenarios
+
+    return sorted(m.name for m in pkgutil.iter_modules(scenarios.__path__))
 
 
 def _demo(args):
+    _quiet_tensorflow()
     from tapeworks.demo import superres
 
     verbose = 0 if args.quiet else "auto"
@@ -37,6 +84,14 @@ def _demo(args):
 
 
 def _bench(args):
+    known = _scenario_names()
+    unknown = [n for n in args.scenarios if n not in known]
+    if unknown:
+        print(f"tapeworks bench: unknown scenario(s) {', '.join(unknown)}. Expected one of: "
+              f"{', '.join(known)}. Fix: see `tapeworks bench --list`.",
+              file=sys.stderr)
+        return 2
+    _quiet_tensorflow()
     from tapeworks.bench import harness
 
     if args.list:
@@ -44,12 +99,6 @@ def _bench(args):
             print(f"{name:12s} {scenario.description}")
         return 0
     names = args.scenarios or list(harness.SCENARIOS)
-    unknown = [n for n in names if n not in harness.SCENARIOS]
-    if unknown:
-        print(f"tapeworks bench: unknown scenario(s) {', '.join(unknown)}. Expected one of: "
-              f"{', '.join(harness.SCENARIOS)}. Fix: see `tapeworks bench --list`.",
-              file=sys.stderr)
-        return 2
     command = "tapeworks bench " + " ".join(sys.argv[2:])
     for name in names:
         report = harness.run_scenario(name, quick=args.quick, repeats=args.repeats,
@@ -65,7 +114,7 @@ def _lint(args):
 
     if args.list:
         for code, rule in RULES.items():
-            print(f"{code}  {rule.name:32s} {rule.message}")
+            print(f"{code}  {rule.name:32s} {rule.summary}")
         return 0
     if args.explain:
         rule = RULES.get(args.explain.upper())
@@ -105,6 +154,7 @@ def build_parser():
         prog="tapeworks",
         description="Fast, correct and debuggable training for TensorFlow 2 / Keras 3.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
@@ -154,7 +204,6 @@ def build_parser():
 
 
 def main(argv=None):
-    _quiet_tensorflow()
     args = build_parser().parse_args(argv)
     if args.verb == "bench" and args.repeats < 3:
         print(f"tapeworks bench: --repeats must be >= 3 (medians of fewer are noise). "
