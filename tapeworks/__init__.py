@@ -24,18 +24,28 @@ _EXPORTS = {
     "KerasLoopInStepError": "tapeworks.errors",
     "LossError": "tapeworks.errors",
     "MissingGradientError": "tapeworks.errors",
+    "TapeworksWarning": "tapeworks.errors",
+    "CorrectnessWarning": "tapeworks.errors",
+    "PerformanceWarning": "tapeworks.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+# Subpackages, imported on first use too: `import tapeworks; tapeworks.data.pipeline`
+# works whatever was imported before.
+_SUBPACKAGES = ("bench", "data", "demo", "engine", "lint")
+
+__all__ = sorted(_EXPORTS) + list(_SUBPACKAGES)
 
 
 def __getattr__(name):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tapeworks' has no attribute {name!r}")
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"tapeworks.{name}")
+    else:
+        raise AttributeError(f"module 'tapeworks' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__)
+    return sorted(set(globals()) | set(__all__))

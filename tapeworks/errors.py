@@ -28,3 +28,36 @@ class DataSpecError(TapeworksError, ValueError):
 
 class LossError(TapeworksError, ValueError):
     """The loss is not a floating-point scalar."""
+
+
+class TapeworksWarning(UserWarning):
+    """Base class of the warnings tapeworks issues.
+
+    Filter them with Python's `warnings` module, e.g.
+    `warnings.filterwarnings("ignore", category=tapeworks.PerformanceWarning)`.
+    """
+
+
+class CorrectnessWarning(TapeworksWarning):
+    """Something that changes what is learned: an unshuffled cache, batches reordered, a helper left trainable."""
+
+
+class PerformanceWarning(TapeworksWarning):
+    """Something that only costs time: a pipeline without prefetch, a sequential map."""
+
+
+def warn(message, category):
+    """`warnings.warn`, attributed to the first caller outside tapeworks (the user's line).
+
+    Python 3.12's `skip_file_prefixes` does this; tapeworks supports 3.10+.
+    """
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        level += 1
+        frame = frame.f_back
+    warnings.warn(message, category, stacklevel=level)

@@ -20,12 +20,25 @@ PY_FUNCS = {"EagerPyFunc", "PyFunc", "PyFuncStateless"}
 SMALL_SHUFFLE_SHARE = 0.1   # a buffer under a tenth of the examples shuffles only locally
 
 
+# What each finding is about: "correctness" changes what is learned (the
+# order examples are seen in, one example per step); "performance" only costs
+# time. Correctness findings are reported first.
+CATEGORIES = {"TD001": "performance", "TD002": "correctness", "TD003": "correctness",
+              "TD004": "correctness", "TD005": "performance", "TD006": "correctness",
+              "TD007": "performance", "TD008": "correctness"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     code: str
     message: str
     step: str
     fix: str
+
+    @property
+    def category(self):
+        """"correctness" or "performance" (see `CATEGORIES`)."""
+        return CATEGORIES[self.code]
 
     def __str__(self):
         return f"{self.code} {self.message} (at {self.step}). Fix: {self.fix}"
@@ -110,7 +123,8 @@ def check_graph(graph, training=None):
     if training and not any(op in BATCHES for op in ops):
         add("TD008", "unbatched data fed to training: each step would see one example",
             chain[-1], "add `.batch(batch_size)` (tapeworks.data.pipeline does)")
-    return findings
+    # Correctness first; codes in order within each category.
+    return sorted(findings, key=lambda f: (f.category != "correctness", f.code))
 
 
 IN_MEMORY_SOURCES = {"TensorSliceDataset", "TensorDataset", "RangeDataset"}

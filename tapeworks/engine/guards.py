@@ -10,6 +10,7 @@ import functools
 import threading
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tapeworks.errors import (
@@ -209,3 +210,168 @@ def _describe(spec):
 
 def _describe_inputs(inputs):
     return ", ".join(f"{t.dtype}{list(t.shape)}" for t in inputs)
+
+
+def check_array_inputs(x, model, name="x"):
+    """Raises `DataSpecError` when arrays as passed cannot feed `model`, naming their shapes.
+
+    Arrays are checked before they are sliced into batches, so the message
+    shows the shape the user passed (`x[0]`: one sample without its batch
+    axis), not the shape of a batch made from it.
+    """
+    inputs = _declared_inputs(model)
+    flat = tf.nest.flatten(x)
+    if inputs is None or len(flat) != len(inputs):
+        return   # check_data_spec reports a wrong number of inputs
+    for i, (array, expected) in enumerate(zip(flat, inputs)):
+        got = tuple(int(d) for d in np.shape(array))
+        want = list(expected.shape)
+        label = f"`{name}`" if len(flat) == 1 else f"Input {i} of `{name}`"
+        if len(got) == len(want) - 1 and all(
+                w is None or g == w for g, w in zip(got, want[1:])):
+            raise DataSpecError(
+                f"{label} has shape {got}: the shape of one sample of `{model.name}` "
+                f"{_sample_shape(want)}, without the batch axis. Expected an array of "
+                f"shape {_batched(want)}. Fix: for one sample add "
+                "the batch axis, `x[None]` (or slice `x[i:i + 1]` instead of `x[i]`).")
+        problem = None
+        if len(got) != len(want):
+            problem = f"rank {len(got)} instead of {len(want)}"
+        else:
+            for axis, (g, w) in enumerate(zip(got[1:], want[1:]), 1):
+                if w is not None and g != w:
+                    problem = f"size {g} on axis {axis} instead of {w}"
+                    break
+        if problem:
+            raise DataSpecError(
+                f"{label} has shape {got}, which does not fit `{model.name}`: {problem}. "
+                f"Expected {_batched(want)}. Fix: reshape the data "
+                "(or change the model's Input).")
+
+
+def check_targets(y, model, loss, name="y", values=None):
+    """Raises `DataSpecError` when labels cannot be what `loss` expects of `model`'s output.
+
+    Args:
+        y: the targets' `TensorSpec` (from a dataset's element spec).
+        model: the model; its one output is compared (several outputs are
+            left to Keras' own checks).
+        loss: what the model was compiled with (`model.loss`).
+        values: the labels as an array, when they are in memory: class ids
+            are then checked against the number of classes for sparse losses.
+
+    Only Keras' built-in losses are checked: a custom loss may read labels
+    any way it likes.
+    """
+    if not isinstance(y, tf.TensorSpec):
+        return
+    if not (y.dtype.is_floating or y.dtype.is_integer or y.dtype.is_bool):
+        raise DataSpecError(
+            f"The labels `{name}` have dtype {y.dtype.name}. Expected numbers: class ids "
+            "(integers) or values (floats). Fix: turn them into integers first, e.g. "
+            "`classes, y = np.unique(y, return_inverse=True)`, or "
+            "`keras.layers.StringLookup` in the input pipeline.")
+    kind = _loss_kind(loss)
+    outputs = _declared_outputs(model)
+    if kind is None or outputs is None or len(outputs) != 1 or y.shape.rank is None:
+        return
+    out_shape = list(outputs[0].shape)
+    classes = out_shape[-1] if len(out_shape) > 1 else None
+    y_shape = y.shape.as_list()
+    loss_name = getattr(loss, "name", None) or getattr(loss, "__name__", None) or str(loss)
+    if kind == "sparse":
+        class_ids = len(y_shape) == len(out_shape) - 1 or (
+            len(y_shape) == len(out_shape) and y_shape[-1] == 1)
+        if not class_ids:
+            hint = (" They look one-hot. Fix: use `categorical_crossentropy`, or pass "
+                    "`y.argmax(-1)`." if classes and y_shape[-1] == classes else
+                    " Fix: pass one integer class id per sample.")
+            raise DataSpecError(
+                f"The labels `{name}` have shape {_shape(y_shape)}, but `{loss_name}` expects "
+                f"one class id per sample for the output of shape {_shape(out_shape)}, i.e. "
+                f"labels of shape {_shape(out_shape[:-1])}.{hint}")
+        if values is not None and classes:
+            _check_class_ids(values, classes, name, loss_name)
+        return
+    if not classes or classes == 1:
+        return
+    if len(y_shape) == len(out_shape) - 1 or (len(y_shape) == len(out_shape)
+                                              and y_shape[-1] == 1):
+        raise DataSpecError(
+            f"The labels `{name}` have shape {_shape(y_shape)}: one value per sample, but "
+            f"`{model.name}` outputs {classes} per sample and `{loss_name}` compares them "
+            "element by element (it would broadcast the labels silently). If they are class "
+            "ids: Fix: use `sparse_categorical_crossentropy`, or one-hot them with "
+            f"`keras.utils.to_categorical(y, {classes})`.")
+    if len(y_shape) == len(out_shape) and y_shape[-1] is not None and y_shape[-1] != classes:
+        raise DataSpecError(
+            f"The labels `{name}` have shape {_shape(y_shape)}; `{model.name}` outputs "
+            f"{_shape(out_shape)}. Expected labels with {classes} values per sample for "
+            f"`{loss_name}`. Fix: change the labels or the model's last layer.")
+
+
+def _check_class_ids(values, classes, name, loss_name):
+    values = np.asarray(values)
+    if values.size == 0:
+        return
+    if values.dtype.kind == "f" and not np.all(np.equal(np.mod(values, 1), 0)):
+        raise DataSpecError(
+            f"The labels `{name}` hold non-integer values, but `{loss_name}` expects class "
+            f"ids 0..{classes - 1}. Fix: pass integer class ids (or use a dense loss).")
+    low, high = values.min(), values.max()
+    if low < 0 or high >= classes:
+        raise DataSpecError(
+            f"The labels `{name}` hold class ids from {low:g} to {high:g}, but the model "
+            f"outputs {classes} classes (ids 0..{classes - 1}). Expected ids in that range. "
+            "Fix: give the last layer as many units as there are classes, or renumber the "
+            "labels (`np.unique(y, return_inverse=True)`).")
+
+
+# Keras' built-in losses by what they expect of the labels. A custom loss is
+# not checked: it may read labels any way it likes.
+_DENSE_LOSSES = {
+    "mean_squared_error", "mean_absolute_error", "mean_absolute_percentage_error",
+    "mean_squared_logarithmic_error", "huber", "log_cosh", "binary_crossentropy",
+    "binary_focal_crossentropy", "categorical_crossentropy", "categorical_focal_crossentropy",
+    "kl_divergence", "poisson", "hinge", "squared_hinge", "categorical_hinge",
+}
+
+
+def _loss_kind(loss):
+    """"sparse", "dense" (labels shaped like the output) or None (not a known Keras loss)."""
+    if isinstance(loss, str):
+        try:
+            loss = keras.losses.get(loss)
+        except ValueError:
+            return None
+    fn = getattr(loss, "fn", loss)   # a Keras Loss class wraps its function as `fn`
+    if not str(getattr(fn, "__module__", "")).startswith("keras"):
+        return None
+    fn_name = getattr(fn, "__name__", "")
+    if fn_name.startswith("sparse_"):
+        return "sparse"
+    return "dense" if fn_name in _DENSE_LOSSES else None
+
+
+def _declared_outputs(model):
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return None
+    return list(outputs) if outputs else None
+
+
+def _shape(dims):
+    return "(" + ", ".join("None" if d is None else str(d) for d in dims) + \
+        ("," if len(dims) == 1 else "") + ")"
+
+
+def _sample_shape(dims):
+    """One sample's shape, from a shape with a batch axis."""
+    return _shape(list(dims[1:]))
+
+
+def _batched(dims):
+    """The shape of an array of samples, with its first axis named."""
+    return "(" + ", ".join(["num_samples"] + ["None" if d is None else str(d)
+                                              for d in dims[1:]]) + ")"

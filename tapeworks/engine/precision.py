@@ -38,6 +38,9 @@ class Float32(tf.Module):
         super().__init__(name="precision")
         self.reason = reason
 
+    def __repr__(self):
+        return f"<precision {self.policy!r} ({self.reason})>"
+
     def apply_to(self, model):
         pass
 
@@ -126,7 +129,7 @@ def resolve(precision):
     if precision != "auto":
         return _PLUGINS[precision]()
     name, reason = auto_choice()
-    logger.info("tapeworks: precision=%s (%s)", name, reason)
+    logger.info("precision=%s (%s)", name, reason)
     return _PLUGINS[name](reason)
 
 

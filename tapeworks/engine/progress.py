@@ -1,4 +1,4 @@
-"""Progress display for `fit`: Keras' `Progbar`, plus samples per second."""
+"""Progress display for `fit`: Keras' `Progbar`, with samples per second beside the step time."""
 
 import sys
 import time
@@ -7,7 +7,11 @@ import keras
 
 
 def resolve_verbose(verbose):
-    """"auto" -> 1 (a live bar) on a terminal, 2 (a line per epoch) otherwise."""
+    """"auto" -> 1 (a live bar) on a terminal, 2 (a line per epoch) otherwise.
+
+    Keras' "auto" is always 1; off a terminal a live bar fills log files
+    with redrawn lines, so tapeworks writes one line per epoch there.
+    """
     if verbose == "auto":
         return 1 if sys.stdout.isatty() else 2
     if verbose not in (0, 1, 2):
@@ -19,28 +23,66 @@ def resolve_verbose(verbose):
     return verbose
 
 
+class _Progbar(keras.utils.Progbar):
+    """Keras' bar, with samples/s written after the time per step, rounded.
+
+    Keras prints every value with four decimals (`samples/s: 113.1596`); the
+    rate is shown where Keras shows `3ms/step`, as a whole number. Progbar
+    has no other place to format one value its own way.
+    """
+
+    samples_per_second = None
+
+    def _format_time(self, time_per_unit, unit_name):
+        text = super()._format_time(time_per_unit, unit_name)
+        if self.samples_per_second is not None:
+            text += f" - {self.samples_per_second:,.0f} samples/s"
+        return text
+
+
 class EpochProgress:
-    """One epoch's bar: steps done, ETA (from Progbar), metrics and samples/s.
+    """One epoch's bar: steps done, ETA, time per step, samples/s and the logs.
 
     With several steps per call the bar moves once per call, which is also
     when the logs are read from the device.
     """
 
     def __init__(self, epoch, epochs, steps, verbose):
-        self._verbose = verbose
         self._start = time.perf_counter()
         self._bar = None
         if verbose:
             print(f"Epoch {epoch + 1}/{epochs}")
             # All values shown are running results already, so none is
             # averaged again by Progbar.
-            self._bar = keras.utils.Progbar(
-                steps, verbose=verbose, stateless_metrics=(), unit_name="step"
-            )
+            self._bar = _Progbar(steps, verbose=verbose, stateless_metrics=(),
+                                 unit_name="step")
 
     def update(self, steps_done, samples_done, logs, finalize=False):
         if self._bar is None:
             return
         seconds = max(time.perf_counter() - self._start, 1e-9)
-        values = list(logs.items()) + [("samples/s", samples_done / seconds)]
-        self._bar.update(steps_done, values=values, finalize=finalize)
+        self._bar.samples_per_second = samples_done / seconds
+        self._bar.update(steps_done, values=list(logs.items()), finalize=finalize)
+
+    def finish(self, steps_done, samples_done, logs):
+        """The epoch's last line, with what the callbacks added to `logs` at epoch end."""
+        self.update(steps_done, samples_done, logs, finalize=True)
+
+
+class EpochEndLine(keras.callbacks.Callback):
+    """Writes each epoch's last progress line, from the logs the callbacks see.
+
+    Keras' CallbackList hands callbacks a copy of the epoch logs; callbacks
+    such as ReduceLROnPlateau add to that copy (`learning_rate`). Placed
+    last in the list, as Keras places its ProgbarLogger, this callback shows
+    what they added.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.progress = None
+        self.steps = self.samples = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.progress is not None:
+            self.progress.finish(self.steps, self.samples, logs or {})

@@ -137,6 +137,10 @@ class Updater:
         tf.cond(finite, apply, self.precision.on_skipped)
 
     def _apply(self, grads_and_vars):
+        if not grads_and_vars:
+            # Nothing trainable (every layer frozen): Keras' fit still runs
+            # the step for its metrics; so does this one.
+            return
         gradients = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
         # Clipping sees the unscaled, accumulated gradients: what the update uses.
@@ -162,7 +166,7 @@ class Updater:
         key = tuple(id(v) for v in variables)
         if key not in self._fused:
             self._fused[key] = tf.function(
-                lambda grads: self.optimizer.apply_gradients(zip(grads, variables)),
+                Traced(lambda grads: self.optimizer.apply_gradients(zip(grads, variables))),
                 jit_compile=True, autograph=False)
         self._fused[key]([g for g, _ in grads_and_vars])
 
@@ -238,6 +242,27 @@ def make_predict_step(task):
     return task.predict_step
 
 
+class Traced:
+    """A step or loop for `tf.function`: counts its traces, keyed by this object, not its code.
+
+    TensorFlow warns about retracing ("5 out of the last 5 calls to
+    <function ...> triggered tf.function retracing") by counting traces per
+    Python code object. Every Trainer builds its functions from the same
+    code, so a process that builds a few Trainers (a k-fold loop) would get
+    that warning while nothing retraces. `tf.function` keys a callable
+    object without `__code__` by the object itself: one count per Trainer.
+    """
+
+    def __init__(self, fn, on_trace=None):
+        self._fn = fn
+        self._on_trace = on_trace
+
+    def __call__(self, *args):
+        if self._on_trace is not None and not tf.executing_eagerly():
+            self._on_trace()
+        return self._fn(*args)
+
+
 def compile_step(step, *, jit_compile, run_eagerly):
     """Layer 1: one step on one batch, as a `tf.function` (XLA if asked).
 
@@ -247,8 +272,8 @@ def compile_step(step, *, jit_compile, run_eagerly):
     """
     if run_eagerly:
         return step
-    return tf.function(step, jit_compile=bool(jit_compile), reduce_retracing=True,
-                       autograph=False)
+    return tf.function(step if isinstance(step, Traced) else Traced(step),
+                       jit_compile=bool(jit_compile), reduce_retracing=True, autograph=False)
 
 
 def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None):
@@ -287,7 +312,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None)
     if run_eagerly:
         return loop
     # Explicit control flow instead of AutoGraph: see `compile_step`.
-    return tf.function(loop, autograph=False)
+    return tf.function(Traced(loop), autograph=False)
 
 
 def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
@@ -330,7 +355,7 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
 
     if run_eagerly:
         return loop
-    return tf.function(loop, autograph=False)
+    return tf.function(Traced(loop), autograph=False)
 
 
 def collect_logs(trackers, task, precision):

@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from tapeworks.engine import guards
 from tapeworks.engine import precision as precision_lib
-from tapeworks.engine.data_adapter import batch_size_of
+from tapeworks.engine.inputs import batch_size_of
 from tapeworks.errors import ConfigError
 
 
@@ -186,8 +186,16 @@ class Task:
         x = batch[0] if isinstance(batch, tuple) else batch
         return self.model(x, training=False)
 
-    def check_data(self, element_spec, name):
-        pass
+    def check_data(self, element_spec, name, needs_targets=True, arrays=None):
+        """Raises `DataSpecError` when batches of `element_spec` cannot feed this task.
+
+        Args:
+            element_spec: the batched dataset's element spec.
+            name: how messages call the data (`x`, `validation_data`).
+            needs_targets: False for `predict`.
+            arrays: (x, y, sample_weight) as passed, when the data are arrays
+                in memory (their values and shapes as given can be checked).
+        """
 
     # Used by the Trainer ----------------------------------------------------
 
@@ -252,22 +260,28 @@ class Task:
 
 
 class SupervisedTask(Task):
-    """One Keras model, one loss, one optimizer: `Trainer(model, optimizer, loss)`."""
+    """One Keras model, one loss, one optimizer: `Trainer(model, optimizer, loss)`.
 
-    def __init__(self, model, optimizer, loss, metrics=None, loss_weights=None):
+    The model's `compile()` configuration is used as it is. Arguments given
+    here override it: the model is then compiled with them (as
+    `model.compile` would, so `model.evaluate` and saving see them too),
+    keeping every setting not given (metrics, `jit_compile`,
+    `steps_per_execution`, `run_eagerly`, ...).
+    """
+
+    def __init__(self, model, optimizer=None, loss=None, metrics=None, loss_weights=None,
+                 weighted_metrics=None):
         super().__init__()
         self.network = model
-        # Keras resolves strings, wraps plain loss functions and builds the
-        # metric containers; tapeworks only runs the loop.
-        model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
-                      loss_weights=loss_weights, jit_compile=False)
+        _compile(model, optimizer=optimizer, loss=loss, metrics=metrics,
+                 loss_weights=loss_weights, weighted_metrics=weighted_metrics)
         optimizer = model.optimizer
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             # Keras wraps the optimizer of a mixed_float16 model; tapeworks
-            # scales the loss itself (per accumulation window), so the
-            # wrapper would unscale a second time.
+            # scales the loss itself (per accumulation window), so it applies
+            # the inner optimizer. `model.optimizer` stays the wrapper, which
+            # hands `learning_rate` through to the inner one for callbacks.
             optimizer = optimizer.inner_optimizer
-            model.optimizer = optimizer
         self._updates.append(Update("model", "loss", [model], optimizer))
 
     def compute_losses(self, batch, training):
@@ -299,9 +313,37 @@ class SupervisedTask(Task):
         x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
         return self.network(x, training=False)
 
-    def check_data(self, element_spec, name, needs_targets=True):
+    def check_data(self, element_spec, name, needs_targets=True, arrays=None):
+        if arrays is not None:
+            guards.check_array_inputs(arrays[0], self.network, name=name)
         guards.check_data_spec(element_spec, self.network, needs_targets=needs_targets,
                                name=name)
+        if needs_targets:
+            labels = "y" if arrays is not None else f"the labels in `{name}`"
+            guards.check_targets(element_spec[1], self.network, self.network.loss,
+                                 name=labels, values=arrays[1] if arrays else None)
+
+
+def _compile(model, **given):
+    """Compiles `model` only when arguments were given, keeping its other settings."""
+    given = {k: v for k, v in given.items() if v is not None}
+    compiled = getattr(model, "compiled", False)
+    if compiled and not given:
+        return
+    if not compiled and ("optimizer" not in given or "loss" not in given):
+        raise ConfigError(
+            f"`{model.name}` is not compiled, and `optimizer` and `loss` were not both given. "
+            "Expected a compiled model (`model.compile(optimizer, loss, metrics=...)`), or "
+            "`Trainer(model, optimizer, loss)` with a Keras optimizer (or its name, "
+            "\"adam\") and a Keras loss, its name (\"mse\") or a function "
+            "loss(y_true, y_pred).")
+    config = {}
+    if compiled:
+        # What the user passed to compile(), as passed (Keras keeps it to
+        # save and restore the compile configuration).
+        config = dict(getattr(getattr(model, "_compile_config", None), "config", {}) or {})
+    config.update(given)
+    model.compile(**config)
 
 
 def batch_size(batch):

@@ -11,24 +11,21 @@ as in `model.fit`.
 import collections
 import logging
 import os
-import weakref
 import re
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.utils.python_utils import is_default
 
-from tapeworks.data import pipeline_check
-from tapeworks.data.pipeline import without_autotuning
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import sources
-from tapeworks.engine import autotune, guards, step
+from tapeworks.engine import autotune, data_stage, guards, inputs, step
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import precision as precision_lib
-from tapeworks.engine.data_adapter import as_dataset
-from tapeworks.engine.progress import EpochProgress, resolve_verbose
+from tapeworks.engine.progress import EpochEndLine, EpochProgress, resolve_verbose
 from tapeworks.errors import ConfigError, DataSpecError
 
 logger = logging.getLogger("tapeworks")
@@ -107,14 +104,15 @@ class Trainer:
     """
 
     def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
-                 jit_compile="auto", steps_per_call="auto", seed=None,
-                 run_eagerly=False, allow_missing_gradients=False, accumulate=1,
+                 weighted_metrics=None, jit_compile="auto", steps_per_call="auto", seed=None,
+                 run_eagerly=None, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
                  check_data=True, diagnose_input=False):
         _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
-                                    ("metrics", metrics), ("loss_weights", loss_weights))
+                                    ("metrics", metrics), ("loss_weights", loss_weights),
+                                    ("weighted_metrics", weighted_metrics))
                      if v is not None]
             if given:
                 raise ConfigError(
@@ -126,12 +124,10 @@ class Trainer:
                 f"{type(model).__name__}. Fix: wrap layers in keras.Sequential or a "
                 "Functional model."
             )
-        elif loss is None or optimizer is None:
-            raise ConfigError(
-                "`optimizer` and `loss` are required with a model. Expected a Keras "
-                "optimizer (or its name, \"adam\") and a Keras loss, its name (\"mse\") or "
-                "a function loss(y_true, y_pred)."
-            )
+        if run_eagerly is None:
+            # A model compiled with run_eagerly=True is debugged eagerly here too.
+            run_eagerly = bool(isinstance(model, keras.Model)
+                               and getattr(model, "compiled", False) and model.run_eagerly)
         if jit_compile not in (True, False, "update", "auto"):
             raise ConfigError(
                 "`jit_compile` must be True, False, \"update\" or \"auto\". Received: "
@@ -168,7 +164,7 @@ class Trainer:
         first_model = model if isinstance(model, keras.Model) else model.model
         self.precision = self._resolve_precision(first_model, precision)
         self.task = model if isinstance(model, task_lib.Task) else task_lib.SupervisedTask(
-            model, optimizer, loss, metrics, loss_weights)
+            model, optimizer, loss, metrics, loss_weights, weighted_metrics)
         for member in self.task.models:
             self.precision.apply_to(member)
         self.model = self.task.model
@@ -184,9 +180,7 @@ class Trainer:
         self.capture_every = capture_every
         self.check_data = check_data
         self.diagnose_input_after_first_epoch = diagnose_input
-        self.data_findings = []   # what tapeworks.data.check said about the last fit's data
-        # user dataset (read once) -> train on it without tf.data's autotuning model?
-        self._untuned = weakref.WeakKeyDictionary()
+        self._data = data_stage.DataStage(self.task, seed=seed, check_pipelines=check_data)
         self.input_report = None  # the InputReport of diagnose_input
         self._capture = None    # Capture buffers, created in _build
         self._delivered_capture = -1
@@ -204,6 +198,13 @@ class Trainer:
         self._strategy = tf.distribute.get_strategy()
         self._built = False
         self._announced = False
+
+    def __repr__(self):
+        jit = "auto (measuring)" if self.jit_compile is None else self.jit_compile
+        steps = "auto (measuring)" if self.steps_per_call is None else self.steps_per_call
+        return (f"<tapeworks.Trainer model={self.model.name!r} jit_compile={jit!r} "
+                f"steps_per_call={steps!r} precision={self.precision.policy!r} "
+                f"accumulate={self.accumulate}>")
 
     @property
     def state(self):
@@ -233,70 +234,98 @@ class Trainer:
         """What "auto" measured and chose (a dict), or None before `fit`."""
         return self._planner.report() if self._planner else None
 
+    @property
+    def data_findings(self):
+        """What `tapeworks.data.check` said about the last tf.data pipeline read."""
+        return self._data.findings
+
     # fit ----------------------------------------------------------------
 
-    def fit(self, data, epochs=1, steps_per_epoch=None, validation_data=None,
-            callbacks=None, verbose="auto", *, batch_size=None, shuffle=True,
-            initial_epoch=0, validation_batch_size=None):
-        """Trains the model.
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+            sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+            validation_batch_size=None, validation_freq=1):
+        """Trains the model; Keras' `Model.fit` signature and semantics, argument for argument.
 
         Args:
-            data: a `tf.data.Dataset` of (x, y) or (x, y, sample_weight), a
-                tuple of NumPy arrays (with `batch_size`), or a generator.
-            epochs: index of the last epoch (as in Keras, with `initial_epoch`).
-            steps_per_epoch: steps in an epoch; None means "until the data
-                ends". When set, the data iterator carries over between epochs
-                and restarts when it runs out.
-            validation_data: evaluated after every epoch; results are logged
-                with a `val_` prefix.
+            x: inputs: NumPy arrays or tensors (a list/tuple/dict of them for
+                several inputs), a `tf.data.Dataset` of (x, y) or
+                (x, y, sample_weight) batches, a `keras.utils.PyDataset`, a
+                Python generator, or a function returning a fresh generator
+                (re-read every epoch). `fit((x, y))` is accepted too.
+            y: targets, with array inputs.
+            batch_size: for array inputs (default 32); ignored (with a
+                warning) for data that comes batched.
+            epochs: index of the last epoch (as in Keras, with `initial_epoch`);
+                `epochs <= initial_epoch` trains nothing and returns an empty
+                History.
+            verbose: 0 silent, 1 progress bar, 2 one line per epoch; "auto" is
+                1 on a terminal and 2 otherwise.
             callbacks: Keras callbacks.
-            verbose: 0 silent, 1 progress bar, 2 one line per epoch, "auto".
-            batch_size: batch size for NumPy inputs.
-            shuffle: reshuffle NumPy inputs every epoch.
+            validation_split: the last fraction of the arrays, taken before
+                shuffling, becomes validation data.
+            validation_data: (x_val, y_val[, sample_weight_val]) or a dataset;
+                evaluated after every `validation_freq`-th epoch, logged with
+                a `val_` prefix.
+            shuffle: reshuffle array inputs every epoch (True, False or "batch").
+            class_weight: `{class id: weight}`: per-sample weights from the labels.
+            sample_weight: per-sample weights, with array inputs.
+            initial_epoch: the epoch to start at (when resuming).
+            steps_per_epoch: steps in an epoch; None means "until the data
+                ends". When set, the data iterator carries over between
+                epochs and restarts when it runs out.
+            validation_steps: batches of validation data per evaluation.
+            validation_batch_size: batch size of array validation data
+                (default: `batch_size`).
+            validation_freq: validate every this many epochs, or at the listed
+                (1-based) epochs.
 
         Returns:
             The `keras.callbacks.History` of the run.
         """
         verbose = resolve_verbose(verbose)
-        _check_epochs(epochs, initial_epoch, steps_per_epoch)
-        dataset = as_dataset(data, batch_size=batch_size, shuffle=shuffle, seed=self.seed)
-        self.task.check_data(dataset.element_spec, "data")
-        if self.check_data and isinstance(data, tf.data.Dataset):
-            dataset = self._inspect_user_dataset(data, verbose)
-        val_dataset = None
-        if validation_data is not None:
-            val_dataset = as_dataset(validation_data, batch_size=validation_batch_size
-                                     or batch_size, name="validation_data")
-            self.task.check_data(val_dataset.element_spec, "validation_data")
-        self._build(dataset.element_spec)
-        if self._planner is None:
-            self._planner = autotune.CallPlanner(
-                self._jit_setting, self._steps_setting, max_steps=self.capture_every,
-                xla_available=not self.run_eagerly and all(
-                    _model_supports_xla(m) for m in self.task.models),
-            )
-
-        steps_known = steps_per_epoch or _known_steps(dataset)
+        data_stage.check_epochs(epochs, initial_epoch, steps_per_epoch)
+        data_stage.check_validation_freq(validation_freq)
+        train, validation = self._data.for_fit(
+            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
+            class_weight=class_weight, steps_per_epoch=steps_per_epoch,
+            validation_split=validation_split, validation_data=validation_data,
+            validation_batch_size=validation_batch_size, validation_steps=validation_steps)
+        if not train.reusable and steps_per_epoch is None and epochs - initial_epoch > 1:
+            raise DataSpecError(
+                f"`x` is a generator object, which can be read only once, and fit was asked "
+                f"for {epochs - initial_epoch} epochs. Expected data that can be read again "
+                "each epoch. Fix: pass the generator *function* (tapeworks calls it every "
+                "epoch), a keras.utils.PyDataset or a tf.data.Dataset; or make the "
+                "generator endless and set `steps_per_epoch`.")
+        self._build(train.dataset.element_spec)
+        self._ensure_planner()
+        steps_known = train.steps
         if steps_known:
             self._planner.limit_steps(max(1, steps_known // 2))
+        end_line = EpochEndLine()
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = callbacks.callbacks
         callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=False, model=self.model,
-            verbose=verbose, epochs=epochs, steps=steps_known,
+            list(callbacks or []) + [end_line], add_history=True, add_progbar=False,
+            model=self.model, verbose=verbose, epochs=epochs, steps=steps_known,
         )
         self.model.stop_training = False
         callback_list.on_train_begin()
-        iterator = None
-        logs = {}
+        # Keras' BackupAndRestore sets `_initial_epoch` in on_train_begin when it
+        # restored a backup; Keras' own loop starts there, and so does this one.
+        initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
+        batches = _EpochBatches(train, steps_per_epoch)
+        training_logs = None
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
             self.counters.epoch.assign(epoch)
+            train.on_epoch_begin()
             callback_list.on_epoch_begin(epoch)
             progress = EpochProgress(epoch, epochs, steps_known, verbose)
-            if iterator is None or steps_per_epoch is None:
-                iterator = iter(dataset)
-            iterator, steps_done, samples_done, logs = self._train_epoch(
-                dataset, iterator, steps_per_epoch, steps_known, callback_list, progress,
-                epoch)
+            steps_done, samples_done, logs = self._train_epoch(
+                batches, callback_list, progress, epoch)
+            train.on_epoch_end()
             self._close_partial_window()
             if steps_known is None and steps_per_epoch is None:
                 steps_known = steps_done
@@ -304,45 +333,69 @@ class Trainer:
                 self._planner.limit_steps(max(1, steps_known // 2))
             epoch_logs = dict(logs)
             if self.diagnose_input_after_first_epoch and epoch == initial_epoch:
-                self.input_report = self.diagnose_input(dataset)
+                self.input_report = self.diagnose_input(train.dataset)
                 if verbose:
                     print(self.input_report)
                 logger.info("%s", self.input_report)
-            if val_dataset is not None and not self.model.stop_training:
-                val_logs = self._evaluate_dataset(val_dataset, callback_list)
+            # As in Keras: validated even when a callback stopped training
+            # during the epoch, so History and CSVLogger rows keep their val_*.
+            if validation is not None and data_stage.should_validate(epoch, validation_freq):
+                val_logs = self._evaluate_dataset(validation, callback_list)
                 epoch_logs.update({"val_" + k: v for k, v in val_logs.items()})
-            progress.update(steps_done, samples_done, epoch_logs, finalize=True)
+            # The epoch's last line is written by `end_line`, after the other
+            # callbacks, so what they add (ReduceLROnPlateau's learning_rate) shows.
+            end_line.progress, end_line.steps, end_line.samples = (
+                progress, steps_done, samples_done)
             callback_list.on_epoch_end(epoch, epoch_logs)
-            logs = epoch_logs
+            training_logs = epoch_logs
             if self.model.stop_training:
                 break
+        if epochs > initial_epoch:
+            # EMA optimizers (use_ema=True) copy their averages into the
+            # weights here, as Keras' fit does.
+            for update in self.task.updates:
+                update.optimizer.finalize_variable_values(update.variables())
         if self._planner.tuning:
             # Measuring goes on in the next fit (epoch-by-epoch fit loops are
             # common): choosing now would rest on a partial schedule.
-            logger.info("tapeworks: still measuring the execution mode and steps per call; "
+            logger.info("still measuring the execution mode and steps per call; "
                         "it continues in the next fit (see `trainer.tuning`)")
-        callback_list.on_train_end(logs)
+        callback_list.on_train_end(training_logs)
         return self.model.history
 
-    def _train_epoch(self, dataset, iterator, steps_per_epoch, epoch_steps, callback_list,
-                     progress, epoch):
+    def _ensure_planner(self):
+        if self._planner is None:
+            self._planner = autotune.CallPlanner(
+                self._jit_setting, self._steps_setting, max_steps=self.capture_every,
+                xla_available=not self.run_eagerly and all(
+                    _model_supports_xla(m) for m in self.task.models),
+            )
+
+    def _train_epoch(self, batches, callback_list, progress, epoch):
+        steps_per_epoch = batches.steps_per_epoch
+        epoch_steps = steps_per_epoch or batches.prepared.steps
         steps_done = samples_done = 0
         logs = {}
+        batches.start_epoch()
         restarted = False
         while steps_per_epoch is None or steps_done < steps_per_epoch:
+            if steps_per_epoch is None and epoch_steps and steps_done >= epoch_steps:
+                break
             probe = self._planner.next_call()
             num_steps = probe.steps
             if epoch_steps:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
+            iterator = batches.iterator()
             callback_list.on_train_batch_begin(steps_done)
             try:
                 ran, samples, call_logs, seconds = self._run_train_call(
                     probe, iterator, num_steps)
             except tf.errors.DataLossError as error:
                 # tf.data names neither the file nor the record: find them.
-                raise sources.corruption_error(dataset, error) from error
+                raise sources.corruption_error(batches.prepared.dataset, error) from error
+            batches.consumed(ran)
             if ran:
                 self._planner.record(probe, num_steps, ran, samples, seconds)
                 self._deliver_capture(callback_list)
@@ -359,13 +412,14 @@ class Trainer:
                 # The data ran out.
                 if steps_per_epoch is None:
                     break
-                if restarted:
-                    raise DataSpecError(_ran_out_message(epoch, steps_done, steps_per_epoch))
-                iterator = iter(dataset)
+                if restarted or not batches.prepared.reusable:
+                    raise DataSpecError(batches.prepared.empty_message(
+                        epoch, steps_done, steps_per_epoch))
+                batches.restart()
                 restarted = True
         if steps_done == 0:
-            raise DataSpecError(_ran_out_message(epoch, 0, steps_per_epoch))
-        return iterator, steps_done, samples_done, logs
+            raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
+        return steps_done, samples_done, logs
 
     def _run_train_call(self, probe, iterator, num_steps):
         if probe.first:
@@ -376,8 +430,7 @@ class Trainer:
             ran, samples, logs = loop(iterator, tf.constant(num_steps, tf.int64))
         # Reading the results is the call's one host sync.
         ran, samples = int(ran), int(samples)
-        logs = {k: float(v) for k, v in logs.items()}
-        return ran, samples, logs, time.perf_counter() - start
+        return ran, samples, _python_logs(logs), time.perf_counter() - start
 
     def _run_first_step(self, jit, iterator):
         """A mode's first (untimed) call while tuning: one step on a batch drawn here.
@@ -402,44 +455,14 @@ class Trainer:
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
                 if not jit or self._jit_setting != "auto":
                     raise
-                logger.warning("tapeworks: XLA cannot compile the %s step (%s); "
+                logger.warning("XLA cannot compile the %s step (%s); "
                                "not using that mode", autotune.describe(jit),
                                _xla_failure(error))
                 self._planner.drop_xla(error, jit)
                 samples = one_step(False)
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
-            logs = {k: float(v) for k, v in self._results().items()}
+            logs = _python_logs(self._results())
         return 1, int(samples), logs, time.perf_counter() - start
-
-    def _inspect_user_dataset(self, data, verbose):
-        """Reads a dataset the user built, once: its pipeline findings, and whether it is in memory.
-
-        Only pipelines the user built (tapeworks builds its own correctly),
-        once each: serializing a graph that holds large arrays is not free.
-        Returns the dataset to train on: the same one, with tf.data's
-        autotuning model off when it only slices tensors in memory and the
-        user left that option unset (see `data.without_autotuning`).
-        """
-        if data not in self._untuned:
-            try:
-                graph = pipeline_check.dataset_graph(data)
-            except (tf.errors.OpError, NotImplementedError) as error:
-                # A pipeline tf.data cannot serialize (some stateful sources): say so, train on.
-                logger.info("tapeworks: the data pipeline could not be checked (%s)", error)
-                self.data_findings, self._untuned[data] = [], False
-                return data
-            self.data_findings = pipeline_check.check_graph(graph, training=True)
-            for finding in self.data_findings:
-                logger.warning("tapeworks data check: %s", finding)
-                if verbose:
-                    print(f"tapeworks data check: {finding}")
-            # A dataset's options never change, so the answer holds for every fit.
-            self._untuned[data] = (pipeline_check.in_memory(graph)
-                                   and data.options().autotune.enabled is None)
-            if self._untuned[data]:
-                logger.info("tapeworks: the data is sliced from memory; tf.data's autotuning "
-                            "model is off for it (nothing to tune)")
-        return without_autotuning(data) if self._untuned[data] else data
 
     def diagnose_input(self, data, batches=30, batch_size=None):
         """Measures whether training waits for data; returns a `tapeworks.data.InputReport`.
@@ -449,7 +472,7 @@ class Trainer:
         """
         import tempfile
 
-        dataset = self._built_dataset(data, batch_size)
+        dataset = self._built_data(data, batch_size=batch_size).dataset
         mode = self.jit_compile or False
         loop = self._loop("train", mode)
         pipeline = diagnose_lib.pipeline_rate(dataset, batches)
@@ -504,7 +527,7 @@ class Trainer:
             return
         self._announced = True
         choice = self._planner.choice
-        logger.info("tapeworks: jit_compile=%s, steps_per_call=%d (%s)",
+        logger.info("jit_compile=%s, steps_per_call=%d (%s)",
                     choice.jit_compile, choice.steps_per_call, choice.reason)
 
     def _close_partial_window(self):
@@ -519,7 +542,8 @@ class Trainer:
                     tf.cond(updater.state.has_pending(), updater.close_window, lambda: None)
 
             self._loops["close_window"] = (close_all if self.run_eagerly
-                                           else tf.function(close_all, autograph=False))
+                                           else tf.function(step.Traced(close_all),
+                                                            autograph=False))
         self._loops["close_window"]()
 
     @property
@@ -542,20 +566,21 @@ class Trainer:
                 parts[f"weighting_{i}"] = update.loss
         return tf.train.Checkpoint(precision=self.precision, counters=self.counters, **parts)
 
-    def build_state(self, data, batch_size=None):
-        """Creates all variables for batches like `data`, without training.
+    def build_state(self, x=None, y=None, batch_size=None, sample_weight=None):
+        """Creates all variables for batches like `x` (and `y`), without training.
 
         Use it to restore a checkpoint into a fresh trainer before `fit`.
+        Takes what `fit` takes (arrays with `y`, a dataset, `(x, y)`).
         """
-        self._built_dataset(data, batch_size)
+        self._built_data(x, y, sample_weight, batch_size)
         return self
 
-    def _built_dataset(self, data, batch_size):
-        """`data` as a checked dataset, with every variable created for its batches."""
-        dataset = as_dataset(data, batch_size=batch_size)
-        self.task.check_data(dataset.element_spec, "data")
-        self._build(dataset.element_spec)
-        return dataset
+    def _built_data(self, x, y=None, sample_weight=None, batch_size=None):
+        """`x` as checked `PreparedData`, with every variable created for its batches."""
+        prepared = self._data.prepare(x, y, sample_weight, batch_size=batch_size,
+                                      purpose="evaluate")
+        self._build(prepared.dataset.element_spec)
+        return prepared
 
     @staticmethod
     def _resolve_precision(model, precision):
@@ -569,51 +594,108 @@ class Trainer:
 
     # evaluate / predict ---------------------------------------------------
 
-    def evaluate(self, data, *, batch_size=None, callbacks=None, verbose=0):
-        """Returns `{"loss": ..., <metric>: ...}` over all of `data`."""
-        dataset = self._built_dataset(data, batch_size)
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, model=self.model, verbose=resolve_verbose(verbose))
-        return self._evaluate_dataset(dataset, callback_list)
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict=False, **kwargs):
+        """The loss and metrics over `x`; Keras' `Model.evaluate` signature.
 
-    def _evaluate_dataset(self, dataset, callback_list):
+        Returns:
+            With `return_dict=True` a dict `{"loss": ..., <metric>: ...}`;
+            otherwise, as Keras, the loss alone when it is the only value, or
+            the list of values in the order of `model.metrics_names`.
+        """
+        if kwargs:
+            raise ConfigError(f"Arguments not recognized by evaluate: {sorted(kwargs)}. "
+                              "Expected Keras' evaluate arguments.")
+        prepared = self._built_data(x, y, sample_weight, batch_size) if steps is None else \
+            self._built_steps(x, y, sample_weight, batch_size, steps)
+        verbose = resolve_verbose(verbose)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+            steps=prepared.steps, model=self.model)
+        logs = self._evaluate_dataset(prepared, callback_list)
+        return logs if return_dict else self._flatten_logs(logs)
+
+    def _built_steps(self, x, y, sample_weight, batch_size, steps):
+        prepared = self._data.prepare(x, y, sample_weight, batch_size=batch_size, steps=steps,
+                                      purpose="evaluate")
+        self._build(prepared.dataset.element_spec)
+        return prepared
+
+    def _flatten_logs(self, logs):
+        if isinstance(self.task, task_lib.SupervisedTask):
+            # Keras' own ordering (loss, then compiled metrics, then the rest).
+            return self.model._flatten_metrics_in_order(logs)
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def _evaluate_dataset(self, prepared, callback_list):
+        """Runs the test loop over `prepared`; batch hooks as described in the README.
+
+        Keras' test batch hooks fire once per `steps_per_execution` batches.
+        Here a call runs 32 batches unless a callback implements a test batch
+        hook: then one batch per call, so each hook sees every batch, as in
+        `model.evaluate` with its default of one step per execution.
+        """
         self._reset_metrics()
+        per_call = 1 if _wants_batch_hooks(callback_list, "test") else EVAL_STEPS_PER_CALL
         loop = self._loop("test", self._inference_jit())
         callback_list.on_test_begin()
-        iterator = iter(dataset)
+        prepared.on_epoch_begin()
+        iterator = iter(prepared.dataset)
         steps = 0
         logs = {}
         while True:
-            callback_list.on_test_batch_begin(steps)
             with guards.inside_step():
-                ran, _, call_logs = loop(iterator, tf.constant(EVAL_STEPS_PER_CALL, tf.int64))
+                ran, _, call_logs = loop(iterator, tf.constant(per_call, tf.int64))
             ran = int(ran)
             if ran:
+                callback_list.on_test_batch_begin(steps)
                 steps += ran
-                logs = {k: float(v) for k, v in call_logs.items()}
+                logs = _python_logs(call_logs)
                 callback_list.on_test_batch_end(steps - 1, logs)
-            if ran < EVAL_STEPS_PER_CALL:
+            if ran < per_call:
                 break
+        prepared.on_epoch_end()
         callback_list.on_test_end(logs)
         return logs
 
-    def predict(self, x, batch_size=None):
-        """Returns the model's outputs on `x` as NumPy (a dict/list for several outputs)."""
-        dataset = as_dataset(x, batch_size=batch_size, name="x")
-        self.task.check_data(dataset.element_spec, "x", needs_targets=False)
-        self._build(dataset.element_spec, targets=False)
-        loop = self._predict_loop(dataset.element_spec)
-        iterator = iter(dataset)
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        """The model's outputs on `x` as NumPy (a dict/list for several outputs).
+
+        Keras' `Model.predict` signature; `on_predict_batch_end` gets
+        `{"outputs": ...}` as in Keras.
+        """
+        prepared = self._data.prepare(x, batch_size=batch_size, steps=steps, purpose="predict")
+        self._build(prepared.dataset.element_spec, targets=False)
+        verbose = resolve_verbose(verbose)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+            steps=prepared.steps, model=self.model)
+        per_call = 1 if _wants_batch_hooks(callback_list, "predict") else EVAL_STEPS_PER_CALL
+        loop = self._predict_loop(prepared.dataset.element_spec)
+        callback_list.on_predict_begin()
+        prepared.on_epoch_begin()
+        iterator = iter(prepared.dataset)
         chunks = []
+        done = 0
         while True:
             with guards.inside_step():
-                ran, outputs = loop(iterator, tf.constant(EVAL_STEPS_PER_CALL, tf.int64))
-            if int(ran):
-                chunks.append(tf.nest.map_structure(lambda t: t.numpy(), outputs))
-            if int(ran) < EVAL_STEPS_PER_CALL:
+                ran, outputs = loop(iterator, tf.constant(per_call, tf.int64))
+            ran = int(ran)
+            if ran:
+                outputs = tf.nest.map_structure(lambda t: t.numpy(), outputs)
+                chunks.append(outputs)
+                callback_list.on_predict_batch_begin(done)
+                done += ran
+                callback_list.on_predict_batch_end(done - 1, {"outputs": outputs})
+            if ran < per_call:
                 break
+        prepared.on_epoch_end()
+        callback_list.on_predict_end()
         if not chunks:
-            raise DataSpecError("`x` produced no batches. Expected at least one sample.")
+            raise DataSpecError(
+                f"`x` gave no batch to predict on (a {prepared.kind} that is empty). Expected "
+                "at least one sample. Fix: check the data (and `steps`).")
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *chunks)
 
     # Building -------------------------------------------------------------
@@ -623,15 +705,20 @@ class Trainer:
 
         A `tf.function` that creates variables is traced twice; creating them
         up front keeps the training loop at one trace, which also makes
-        retracing visible in `self.traces`.
+        retracing visible in `self.traces`. With `run_eagerly` the model is
+        built by an eager call on a batch of zeros shaped like the data, so a
+        model whose `call` reads `.numpy()` builds as it runs.
         """
         if self._built:
             return
         x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
         with guards.inside_step():
             if isinstance(self.task, task_lib.SupervisedTask) and not self.model.built:
-                tf.function(lambda x: self.model(x, training=False)).get_concrete_function(
-                    x_spec)
+                if self.run_eagerly:
+                    self.model(_zeros_like(x_spec), training=False)
+                else:
+                    tf.function(lambda x: self.model(x, training=False)).get_concrete_function(
+                        x_spec)
             if not targets:
                 return
 
@@ -640,12 +727,16 @@ class Trainer:
                 self.task.update_metrics(batch, outputs)
                 return losses
 
-            traced = tf.function(probe, autograph=False).get_concrete_function(element_spec)
+            if self.run_eagerly:
+                loss_names = list(probe(_zeros_like(element_spec)))
+                self.task.reset_metrics()
+            else:
+                loss_names = list(tf.function(probe, autograph=False).get_concrete_function(
+                    element_spec).structured_outputs)
             self.task._capture_specs = {
                 name: tf.TensorSpec(t.shape, t.dtype)
                 for name, t in self.task._captures.items()}
-            self._trackers = {name: keras.metrics.Mean(name=name)
-                              for name in traced.structured_outputs}
+            self._trackers = {name: keras.metrics.Mean(name=name) for name in loss_names}
             self.states = []
             for update in self.task.updates:
                 variables = update.variables()
@@ -715,12 +806,7 @@ class Trainer:
         return self._loops[key]
 
     def _count_traces(self, fn, name):
-        def counted(*args):
-            if not tf.executing_eagerly():
-                self.traces[name] += 1
-            return fn(*args)
-
-        return counted
+        return step.Traced(fn, lambda: self.traces.update([name]))
 
     def _inference_jit(self):
         # Inference has no optimizer update: only whole-step XLA applies.
@@ -772,33 +858,67 @@ def _xla_failure(error):
     return lines[0][:160] if lines else type(error).__name__
 
 
-def _known_steps(dataset):
-    cardinality = int(dataset.cardinality())
-    return cardinality if cardinality > 0 else None
+class _EpochBatches:
+    """The training iterator across epochs.
+
+    A new iterator every epoch; with `steps_per_epoch` it carries over
+    between epochs and restarts when the data runs out. When the number of
+    batches is known, a used-up iterator is replaced before the next call,
+    so no batch hook fires for a call that would find no data.
+    """
+
+    def __init__(self, prepared, steps_per_epoch):
+        self.prepared = prepared
+        self.steps_per_epoch = steps_per_epoch
+        self._batches = inputs.cardinality(prepared.dataset)
+        self._iterator = None
+        self._used = 0
+
+    def start_epoch(self):
+        if self._iterator is None or self.steps_per_epoch is None:
+            self.restart()
+
+    def restart(self):
+        self._iterator = iter(self.prepared.dataset)
+        self._used = 0
+
+    def iterator(self):
+        if (self.steps_per_epoch is not None and self._batches
+                and self._used >= self._batches and self.prepared.reusable):
+            self.restart()
+        return self._iterator
+
+    def consumed(self, batches):
+        self._used += batches
 
 
-def _check_epochs(epochs, initial_epoch, steps_per_epoch):
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"`epochs` must be an integer >= 1. Received: epochs={epochs!r}")
-    if not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epochs:
-        raise ConfigError(
-            "`initial_epoch` must be an integer in [0, epochs). Received: "
-            f"initial_epoch={initial_epoch!r}, epochs={epochs}"
-        )
-    if steps_per_epoch is not None and not (
-            isinstance(steps_per_epoch, int) and steps_per_epoch >= 1):
-        raise ConfigError(
-            "`steps_per_epoch` must be None or an integer >= 1. Received: "
-            f"steps_per_epoch={steps_per_epoch!r}"
-        )
+def _python_logs(logs):
+    """Log tensors as Python floats; a metric whose result is an array stays a NumPy array."""
+    values = {}
+    for name, value in logs.items():
+        value = np.asarray(value)
+        values[name] = float(value) if value.ndim == 0 else value
+    return values
 
 
-def _ran_out_message(epoch, steps_done, steps_per_epoch):
-    wanted = f"{steps_per_epoch} steps" if steps_per_epoch else "at least one step"
-    return (
-        f"The training data ran out in epoch {epoch + 1} after {steps_done} "
-        f"step(s); expected {wanted}. A Python generator object can be read "
-        "only once. Fix: pass a tf.data.Dataset or NumPy arrays, a function "
-        "that returns a fresh generator, or an endless generator with "
-        "`steps_per_epoch`."
-    )
+def _wants_batch_hooks(callback_list, kind):
+    """True when a callback other than Keras' progress bar implements `kind`'s batch hooks."""
+    for callback in callback_list.callbacks:
+        if isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.History)):
+            continue
+        for hook in (f"on_{kind}_batch_begin", f"on_{kind}_batch_end"):
+            method = getattr(callback, hook, None)
+            if method is not None and not is_default(method):
+                return True
+    return False
+
+
+def _zeros_like(spec):
+    """A batch of one sample of zeros (empty strings) shaped like `spec`."""
+    def zeros(s):
+        shape = [1 if d is None else d for d in s.shape.as_list()]
+        if s.dtype == tf.string:
+            return tf.fill(shape, "")
+        return tf.zeros(shape, s.dtype)
+
+    return tf.nest.map_structure(zeros, spec)

@@ -67,20 +67,54 @@ def test_unbatched_is_only_a_finding_for_training():
     assert codes(unbatched, training=False) == []
 
 
-def test_trainer_reports_findings_at_the_start_of_fit(capsys):
+def test_trainer_reports_findings_at_the_start_of_fit_as_warnings_once_per_dataset():
+    import warnings
+
     import keras
 
     import tapeworks
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
-    bad = source().map(lambda x, y: (x, tf.cast(y, tf.float32))).batch(100)
-    trainer.fit(bad, verbose=2)
-    assert [f.code for f in trainer.data_findings] == ["TD001", "TD005"]
-    assert "tapeworks data check: TD005" in capsys.readouterr().out
+    bad = source().map(lambda x, y: (x, tf.cast(y, tf.float32))).shuffle(50).batch(100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(bad, verbose=0)
+        trainer.fit(bad, verbose=0)   # the same dataset: not reported again
+    codes_seen = [str(w.message).split()[3] for w in caught
+                  if issubclass(w.category, tapeworks.TapeworksWarning)]
+    # Correctness first (TD006: a buffer of 50 for 1,000 examples), then performance.
+    assert codes_seen == ["TD006", "TD001", "TD005"]
+    categories = [w.category for w in caught if issubclass(w.category, tapeworks.TapeworksWarning)]
+    assert categories == [tapeworks.CorrectnessWarning, tapeworks.PerformanceWarning,
+                          tapeworks.PerformanceWarning]
+    assert [f.code for f in trainer.data_findings] == ["TD006", "TD001", "TD005"]
     quiet = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, check_data=False)
     quiet.fit(bad, verbose=0)
     assert quiet.data_findings == []
+
+
+def test_performance_hints_are_skipped_for_data_sliced_from_memory():
+    import warnings
+
+    import keras
+
+    import tapeworks
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
+    no_prefetch = source().map(lambda x, y: (x, tf.cast(y, tf.float32)))
+    in_memory_no_prefetch = tf.data.Dataset.from_tensor_slices(
+        (X, Y.astype("float32"))).batch(100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(in_memory_no_prefetch, verbose=0)
+    assert not [w for w in caught if issubclass(w.category, tapeworks.TapeworksWarning)]
+    assert [f.code for f in trainer.data_findings] == ["TD001"]   # found, not shown
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tapeworks.PerformanceWarning)
+        with pytest.raises(tapeworks.PerformanceWarning, match="TD001"):
+            trainer.fit(no_prefetch.batch(100), verbose=0)
 
 
 def in_memory(dataset):
@@ -105,14 +139,18 @@ def test_trainer_turns_the_autotuning_model_off_only_for_in_memory_data():
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
+
+    def autotune(dataset):
+        prepared = trainer._data.prepare(dataset, purpose="fit", training=True)
+        return prepared.dataset.options().autotune.enabled
+
     sliced = source().batch(10)
-    assert trainer._inspect_user_dataset(sliced, verbose=0).options().autotune.enabled is False
+    assert autotune(sliced) is False
     mapped = source().map(lambda x, y: (x, y), num_parallel_calls=AUTOTUNE).batch(10)
-    assert trainer._inspect_user_dataset(mapped, verbose=0).options().autotune.enabled is None
+    assert autotune(mapped) is None
     options = tf.data.Options()
     options.autotune.enabled = True  # the user's explicit choice wins
-    chosen = sliced.with_options(options)
-    assert trainer._inspect_user_dataset(chosen, verbose=0).options().autotune.enabled is True
+    assert autotune(sliced.with_options(options)) is True
 
 
 def test_turning_the_autotuning_model_off_changes_no_result():

@@ -180,7 +180,7 @@ def test_bfloat16_converges_like_float32():
             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"], precision=precision, seed=0, jit_compile=False)
         trainer.fit((x[:1500], y[:1500]), batch_size=32, epochs=8, verbose=0)
-        accuracy[precision] = trainer.evaluate((x[1500:], y[1500:]))["accuracy"]
+        accuracy[precision] = trainer.evaluate((x[1500:], y[1500:]), return_dict=True)["accuracy"]
     assert accuracy["float32"] > 0.9
     assert abs(accuracy["mixed_bfloat16"] - accuracy["float32"]) < 0.04
 

@@ -148,7 +148,7 @@ def test_measuring_carries_over_to_the_next_fit():
             break
         trainer.fit((x, y), batch_size=10, verbose=0)
     assert trainer.jit_compile in (True, False, "update")
-    assert np.isfinite(trainer.evaluate((x, y), batch_size=100)["loss"])
+    assert np.isfinite(trainer.evaluate((x, y), batch_size=100, return_dict=True)["loss"])
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "many"])

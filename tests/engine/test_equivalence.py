@@ -72,7 +72,7 @@ def test_loss_reported_is_the_sample_weighted_epoch_mean():
                                 jit_compile=False, steps_per_call=4)
     history = trainer.fit((x, y), batch_size=8, shuffle=False, verbose=0)
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-5)
-    assert trainer.evaluate((x, y), batch_size=16)["loss"] == pytest.approx(expected, rel=1e-5)
+    assert trainer.evaluate((x, y), batch_size=16, return_dict=True)["loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_sample_weights_weight_the_loss():
@@ -82,7 +82,8 @@ def test_sample_weights_weight_the_loss():
     model = models.set_fixed_weights(models.sequential())
     per_sample = np.mean((model(x).numpy() - y) ** 2, axis=1)
     trainer = tapeworks.Trainer(model, keras.optimizers.SGD(0.0), "mse", jit_compile=False)
-    logs = trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(16))
+    logs = trainer.evaluate(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(16),
+                          return_dict=True)
     # Keras' "sum_over_batch_size": sum(w * loss) / batch size.
     assert logs["loss"] == pytest.approx(float(np.sum(w * per_sample) / 16), rel=1e-5)
 
@@ -94,7 +95,7 @@ def test_predict_and_evaluate(mode):
     trainer = tapeworks.Trainer(model, "sgd", "mse", metrics=["mae"], **MODES[mode])
     predictions = trainer.predict(x, batch_size=8)
     np.testing.assert_allclose(predictions, model(x).numpy(), atol=1e-5)
-    logs = trainer.evaluate((x, y), batch_size=8)
+    logs = trainer.evaluate((x, y), batch_size=8, return_dict=True)
     assert set(logs) == {"loss", "mae"}
     assert logs["mae"] == pytest.approx(float(np.mean(np.abs(model(x).numpy() - y))), rel=1e-5)
 
@@ -145,8 +146,13 @@ def test_exhausted_generator_object_gets_a_clear_error():
     x, y = models.regression_data(n=16)
     gen = ((x[i:i + 8], y[i:i + 8]) for i in range(0, 16, 8))
     trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=False)
-    with pytest.raises(tapeworks.DataSpecError, match="ran out in epoch 2"):
-        trainer.fit(gen, epochs=2, verbose=0)
+    with pytest.raises(tapeworks.DataSpecError, match="read only once"):
+        trainer.fit(gen, epochs=2, verbose=0)   # refused before the first epoch
+    assert int(trainer.optimizer.iterations) == 0
+    # With steps_per_epoch it may be endless; a finite one runs out in epoch 2.
+    gen = ((x[i:i + 8], y[i:i + 8]) for i in range(0, 16, 8))
+    with pytest.raises(tapeworks.DataSpecError, match="ran out in epoch 2.*read only once"):
+        trainer.fit(gen, epochs=2, steps_per_epoch=2, verbose=0)
 
 
 def test_steps_per_epoch_carries_the_iterator_over():

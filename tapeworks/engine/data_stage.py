@@ -1,0 +1,174 @@
+"""The Trainer's data stage: user inputs in, checked datasets out, before any weight changes.
+
+For each of `fit`, `evaluate` and `predict`, `DataStage` turns Keras-style
+arguments into `inputs.PreparedData`, reads each `tf.data` pipeline the user
+built once (`tapeworks.data.check`: its findings become warnings, shown once
+per dataset, correctness first; in-memory pipelines train with tf.data's
+autotuning model off), and checks the batches against the task: inputs,
+then labels. Every problem is raised here, before the first step.
+"""
+
+import logging
+import weakref
+
+import tensorflow as tf
+
+from tapeworks.data import pipeline_check
+from tapeworks.data.pipeline import without_autotuning
+from tapeworks.engine import inputs
+from tapeworks.errors import (ConfigError, CorrectnessWarning, DataSpecError, PerformanceWarning,
+                              warn)
+
+logger = logging.getLogger("tapeworks")
+
+_WARNING = {"correctness": CorrectnessWarning, "performance": PerformanceWarning}
+
+
+class DataStage:
+    """Prepares and checks the data of one Trainer's task.
+
+    Args:
+        task: the `Task` whose `check_data` judges the batches.
+        seed: seed of the shuffle of array inputs.
+        check_pipelines: read user tf.data pipelines (`Trainer(check_data=)`).
+    """
+
+    def __init__(self, task, seed=None, check_pipelines=True):
+        self.task = task
+        self.seed = seed
+        self.check_pipelines = check_pipelines
+        self.findings = []   # the findings on the last dataset read
+        # user dataset -> (findings, train it without tf.data's autotuning model?)
+        self._read = weakref.WeakKeyDictionary()
+
+    def for_fit(self, x, y, sample_weight, *, batch_size, shuffle, class_weight,
+                steps_per_epoch, validation_split, validation_data, validation_batch_size,
+                validation_steps):
+        """(training data, validation data or None) for `fit`'s arguments."""
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = inputs.split_validation(
+                x, y, sample_weight, validation_split)
+        train = self.prepare(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
+                             class_weight=class_weight, purpose="fit", name="x",
+                             training=True)
+        if steps_per_epoch is not None:
+            train.steps = steps_per_epoch
+        validation = None
+        if validation_data is not None:
+            val_x, val_y, val_weight = inputs.unpack_validation_data(validation_data)
+            validation = self.prepare(
+                val_x, val_y, val_weight, batch_size=validation_batch_size or batch_size,
+                steps=validation_steps, purpose="evaluate", name="validation_data",
+                batch_size_ignored_quietly=True)
+        return train, validation
+
+    def prepare(self, x, y=None, sample_weight=None, *, batch_size=None, shuffle=False,
+                class_weight=None, steps=None, purpose="evaluate", name="x", training=False,
+                batch_size_ignored_quietly=False):
+        """One checked `PreparedData`; raises `ConfigError`/`DataSpecError` before any step."""
+        prepared = inputs.prepare(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
+                                  seed=self.seed, class_weight=class_weight, steps=steps,
+                                  purpose=purpose, name=name)
+        if batch_size is not None and prepared.kind != inputs.ARRAYS \
+                and not batch_size_ignored_quietly:
+            # Keras ignores it too; saying so costs nothing.
+            warn(f"`batch_size={batch_size}` is ignored: `{name}` is a {prepared.kind}, which "
+                 "yields batches already (as in Keras). Fix: batch it there, or drop "
+                 "batch_size.", CorrectnessWarning)
+        findings = []
+        if isinstance(x, tf.data.Dataset):
+            prepared.dataset, findings = self._read_pipeline(x, prepared.dataset, training)
+        self._check(prepared, findings, needs_targets=purpose != "predict")
+        return prepared
+
+    def _check(self, prepared, findings, needs_targets):
+        arrays = prepared.arrays
+        try:
+            self.task.check_data(prepared.dataset.element_spec, prepared.name,
+                                 needs_targets=needs_targets, arrays=arrays)
+        except DataSpecError as error:
+            unbatched = next((f for f in findings if f.code == "TD008"), None)
+            if unbatched is None:
+                raise
+            raise DataSpecError(
+                f"{error} The dataset is not batched ({unbatched.code}): each element is one "
+                "example. Did you forget `.batch(batch_size)`?") from None
+
+    def _read_pipeline(self, user_dataset, dataset, training):
+        """Reads a user's tf.data pipeline once: its findings, and whether it is in memory.
+
+        Serializing a graph that holds large arrays is not free, so each
+        dataset is read once per Trainer and its findings are shown once.
+        Returns the dataset to use (with tf.data's autotuning model off when
+        it only slices tensors in memory and its options leave that unset;
+        see `data.without_autotuning`) and the findings.
+        """
+        if not self.check_pipelines:
+            return dataset, []
+        if user_dataset not in self._read:
+            try:
+                graph = pipeline_check.dataset_graph(user_dataset)
+            except (tf.errors.OpError, NotImplementedError) as error:
+                # A pipeline tf.data cannot serialize (some stateful sources): say so, go on.
+                logger.info("the data pipeline could not be checked (%s)", error)
+                self._read[user_dataset] = ([], False)
+                return dataset, []
+            findings = pipeline_check.check_graph(graph, training=training)
+            in_memory = pipeline_check.in_memory(graph)
+            untuned = in_memory and user_dataset.options().autotune.enabled is None
+            self._read[user_dataset] = (findings, untuned)
+            for finding in findings:
+                if finding.category == "performance" and in_memory:
+                    # Slicing tensors held in memory costs microseconds a batch:
+                    # a prefetch or parallel hint cannot matter there.
+                    continue
+                warn(f"tapeworks data check: {finding}", _WARNING[finding.category])
+            if untuned:
+                logger.info("the data is sliced from memory; tf.data's autotuning model is "
+                            "off for it (nothing to tune)")
+        findings, untuned = self._read[user_dataset]
+        self.findings = findings
+        return (without_autotuning(dataset) if untuned else dataset), findings
+
+
+def check_epochs(epochs, initial_epoch, steps_per_epoch):
+    """Keras' rules: any `epochs >= 0`; `initial_epoch >= epochs` trains nothing."""
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 0:
+        raise ConfigError(
+            f"`epochs` must be an integer >= 0. Received: epochs={_short(epochs)}. "
+            "Fix: pass it by keyword, `fit(x, y, epochs=5)`: the second positional argument "
+            "of fit is `y`, as in Keras.")
+    if not isinstance(initial_epoch, int) or isinstance(initial_epoch, bool) \
+            or initial_epoch < 0:
+        raise ConfigError(
+            "`initial_epoch` must be an integer >= 0. Received: "
+            f"initial_epoch={_short(initial_epoch)}")
+    if steps_per_epoch is not None and not (
+            isinstance(steps_per_epoch, int) and steps_per_epoch >= 1):
+        raise ConfigError(
+            "`steps_per_epoch` must be None or an integer >= 1. Received: "
+            f"steps_per_epoch={_short(steps_per_epoch)}")
+
+
+def check_validation_freq(validation_freq):
+    if isinstance(validation_freq, int) and not isinstance(validation_freq, bool) \
+            and validation_freq >= 1:
+        return
+    if isinstance(validation_freq, (list, tuple)) and all(
+            isinstance(e, int) for e in validation_freq):
+        return
+    raise ConfigError(
+        "`validation_freq` must be an integer >= 1 (validate every that many epochs) or a "
+        f"list of epoch numbers (1-based). Received: validation_freq={_short(validation_freq)}")
+
+
+def should_validate(epoch, validation_freq):
+    """Keras' rule: `epoch` is 0-based; `validation_freq` counts epochs from 1."""
+    if isinstance(validation_freq, int):
+        return (epoch + 1) % validation_freq == 0
+    return epoch + 1 in validation_freq
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 60 else f"<{type(value).__name__}>"
