@@ -112,14 +112,30 @@ def write_chart(result, path):
         rows = [r for r in result["rows"] if r[chart["group"]] == group]
         names = [r[chart["bar"]] for r in rows]
         values = [r[chart["value"]] for r in rows]
-        ax.barh(range(len(rows)), values, color="#4c72b0")
+        # Bounds (the "ceiling" rows) are references, not contenders: they
+        # do not set the scale, so the approaches stay readable; tapeworks'
+        # own bars stand out.
+        bound = ["ceiling" in str(n) for n in names]
+        compared = [v for v, b in zip(values, bound) if not b] or values
+        limit = max(compared) * 1.25
+        colors = ["#dddddd" if b else "#dd8452" if "tapeworks" in str(n) else "#4c72b0"
+                  for n, b in zip(names, bound)]
+        ax.barh(range(len(rows)), [min(v, limit) for v in values], color=colors,
+                hatch=None, edgecolor=["#888888" if b else "none" for b in bound])
+        ax.set_xlim(0, limit)
         ax.set_yticks(range(len(rows)), names, fontsize=8)
+        for label, name in zip(ax.get_yticklabels(), names):
+            if "tapeworks" in str(name):
+                label.set_fontweight("bold")
         ax.invert_yaxis()
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_title(group, fontsize=9)
         ax.set_xlabel(chart["label"], fontsize=8)
-        for i, v in enumerate(values):
-            ax.text(v, i, f" {v:.2f}x", va="center", fontsize=7)
+        for i, (v, b) in enumerate(zip(values, bound)):
+            if v > limit:
+                ax.text(limit, i, f"{v:.2f}x (bound) ", va="center", ha="right", fontsize=7)
+            else:
+                ax.text(v, i, f" {v:.2f}x", va="center", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -65,7 +65,7 @@ def _approaches(build, shape, batch, steps):
         # Keras wraps the optimizer in a LossScaleOptimizer for mixed_float16.
         model.compile(keras.optimizers.Adam(1e-3), _loss())
         out.append(Approach(f"keras fit, policy {policy}",
-                            lambda model=model: (model.fit(dataset, verbose=0), samples)[1]))
+                            lambda model=model: (model.fit(dataset, shuffle=False, verbose=0), samples)[1]))
     return out
 
 
