@@ -149,6 +149,30 @@ def _lint(args):
     return 1 if findings else 0
 
 
+def _cache(args):
+    # The cache is plain files: no TensorFlow import needed.
+    from tapeworks.engine import plan_cache
+
+    cache = plan_cache.PlanCache()
+    if args.action == "clear":
+        removed = cache.clear()
+        print(f"Removed {removed} plan{'s' if removed != 1 else ''} from {cache.folder}.")
+        return 0
+    entries = cache.entries()
+    if args.json:
+        print(json.dumps([dict(plan, key=key) for key, plan in entries], indent=1))
+        return 0
+    print(f"{len(entries)} plan{'s' if len(entries) != 1 else ''} in {cache.folder}"
+          f"{'' if plan_cache.enabled_by_environment() else ' (off: TAPEWORKS_PLAN_CACHE=0)'}")
+    for key, plan in entries:
+        what = plan.get("what", {})
+        print(f"{key}  jit_compile={plan['jit_compile']}, steps_per_call={plan['steps_per_call']}"
+              f"  models={what.get('models')} batch={what.get('batch')} "
+              f"precision={what.get('precision')}  {plan.get('created', '')}")
+        print(f"    {plan.get('reason', '')}")
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="tapeworks",
@@ -200,6 +224,17 @@ def build_parser():
     lint.add_argument("--explain", metavar="CODE", help="explain a rule, with examples")
     lint.add_argument("--list", action="store_true", help="list the rules")
     lint.set_defaults(run=_lint)
+
+    cache = verbs.add_parser(
+        "cache", help="show or clear the plans \"auto\" stored (the plan cache)",
+        description="Show or clear the plan cache: what \"auto\" chose for each fingerprint "
+                    "(models, batch, precision, optimizer, device, versions), kept so that "
+                    "the next run of the same script measures nothing. Location: "
+                    "$TAPEWORKS_CACHE_DIR/plans, by default ~/.cache/tapeworks/plans; "
+                    "TAPEWORKS_PLAN_CACHE=0 turns it off.")
+    cache.add_argument("action", choices=("show", "clear"))
+    cache.add_argument("--json", action="store_true", help="show as JSON")
+    cache.set_defaults(run=_cache)
     return parser
 
 

@@ -2,3 +2,7 @@ import os
 
 # Quiet TensorFlow's C++ start-up logging in test output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Tests measure "auto" from scratch: plans stored by one test (or an earlier
+# run on this machine) must not decide another's. The plan cache's own tests
+# pass a folder explicitly.
+os.environ["TAPEWORKS_PLAN_CACHE"] = "0"

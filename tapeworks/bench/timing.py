@@ -58,13 +58,18 @@ def median_seconds(fn, repeats, warmups=1):
     return statistics.median(times)
 
 
-def settle_trainer(trainer, dataset, min_epochs=2, max_epochs=20):
+def settle_trainer(trainer, dataset, min_epochs=30, max_epochs=60):
     """Warm-up of a tapeworks approach: fit until "auto" has chosen (it measures real calls).
 
     Returns notes for the report: the choice and the epochs it took.
     """
-    epochs = 0
-    while epochs < min_epochs or (trainer.jit_compile is None and epochs < max_epochs):
+    # One long fit first: "auto" weighs what measuring can win against the
+    # work left in the fit, as in a user's long run; then epoch-long fits
+    # until it has chosen (it may reopen measuring as training accumulates).
+    trainer.fit(dataset, epochs=min_epochs, verbose=0)
+    epochs = min_epochs
+    while (trainer.tuning["jit_compile"] is None or trainer.tuning["waiting_to_try"]) \
+            and epochs < max_epochs:
         trainer.fit(dataset, verbose=0)
         epochs += 1
     return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call,

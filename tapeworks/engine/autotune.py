@@ -1,30 +1,43 @@
 """Chooses XLA on/off and the number of steps per call by measuring real training calls.
 
-Nothing is guessed from the hardware: the first calls of `fit` follow a short,
-alternating schedule of probes. Each probe is a real training call that
-advances the epoch like any other, so no data or work is thrown away; the
-choice is made from medians. Keras resolves `jit_compile="auto"` from the
-device list instead; measuring is what lets tapeworks promise that its choice
-is never slower than plain `tf.function` with one step per call: the winner
-is checked against that baseline in alternating calls before it is kept.
+The objective is the wall-clock time of the whole `fit`, measuring included.
+Nothing is guessed from the hardware, and measuring is only done where it can
+pay for itself:
 
-Model of a call: `seconds(n) = overhead + n * step`. Timed calls of one step
-and of several steps per mode give both terms; steps per call is then the
-smallest n that puts the overhead under 0.5% of the call, capped so that one
-call stays short enough for the progress bar and callbacks to stay responsive.
+1. Start in the mode that is cheapest to start and already fast: `tf.function`
+   (no XLA compile). Its first call (one step on a batch drawn outside the
+   loop) and its first loop call are untimed: they trace, and their wall time
+   is what starting a mode costs. Then alternating timed calls of 1 and n
+   steps give `seconds(n) = overhead + n * step` and the steps per call that
+   put the overhead under 0.5% of a call.
+2. An XLA mode ("update": XLA for the optimizer update alone; True: the whole
+   step) is tried only when it can repay the cost of trying it: its start is
+   predicted from tf.function's measured start (`XLA_START_RATIO`), it can at
+   best save `XLA_BEST_SAVING` of tf.function's step time over the remaining
+   work (epochs x steps left in this `fit`, told by the Trainer, or the steps
+   trained so far if more: a trainer that has trained N steps is expected to
+   train about as many more), and all trying together may spend at most
+   `TRY_BUDGET` of that remaining time. A mode that cannot pay yet is
+   reconsidered as training goes on (`reconsider`). With data
+   of unknown length the decision waits for the end of the first epoch (the
+   calls meanwhile run tf.function at its chosen steps per call). After an
+   XLA mode's first call its real start cost is known, and a mode that can no
+   longer pay is dropped at once.
+3. The fastest measured option is kept; when it is an XLA mode, it is checked
+   against tf.function with one step per call in alternating calls and
+   dropped if it is not faster: "auto" never keeps a choice slower than plain
+   `tf.function`.
 
-Modes: `False` (tf.function), `True` (the whole step through XLA) and
-`"update"` (tf.function for forward and backward, XLA for the optimizer
-update alone). The last exists because XLA fuses an optimizer's dozen
-elementwise passes over every weight into one, while on CPUs with native
-bfloat16 the forward and backward run faster outside XLA: measured on this
-project's CPU, a bfloat16 MLP trained 1.46x faster with only its update
-fused than with no XLA, and 1.58x faster than the whole step under XLA.
+Every call is a real training call: no data is thrown away. An XLA failure to
+compile is caught on the mode's first call and that batch is trained without
+XLA (see `Trainer._run_first_step`).
 
-Every mode's first call is untimed and runs one step on a batch drawn outside
-the compiled loop (see `Trainer._run_first_step`), its second call is an
-untimed run of the loop: tracing, XLA compilation and the first execution of
-a graph all cost far more than a steady-state call.
+Measured on this project's 2-core CPU (first call / first loop call / step):
+a digits CNN under tf.function 0.24 s / 0.41 s / 1.67 ms, with an XLA-fused
+update 0.65 s / 0.30 s / 2.00 ms, under XLA 0.93 s / 1.26 s / 1.71 ms; a small
+MLP 0.22 / 0.32 s, 0.47 / 0.26 s and 0.74 / 0.92 s. Starting "update" cost
+about 1.5x tf.function's start and XLA about 3.5x; `XLA_START_RATIO` rounds
+those up.
 """
 
 import dataclasses
@@ -43,8 +56,13 @@ OVERHEAD_SHARE = 0.005   # target share of a call spent on per-call overhead (at
 MAX_STEPS_PER_CALL = 256
 MAX_SECONDS_PER_CALL = 1.0
 MAX_RETRIES = 2          # a timed call cut short (end of data) is run again
+XLA_START_RATIO = {"update": 2.0, True: 4.0}   # start cost / tf.function's (measured 1.5, 3.5)
+XLA_BEST_SAVING = 0.5    # the most of tf.function's step time an XLA mode is expected to
+                         # save (measured here: 21% on the large MLP, 32% for a bfloat16
+                         # update)
+TRY_BUDGET = 0.1         # trying XLA modes may cost at most this share of the remaining time
 
-FIRST, WARM, TIMED, CHOSEN = "first", "warm", "timed", "chosen"
+FIRST, WARM, TIMED, CHOSEN, HOLD = "first", "warm", "timed", "chosen", "hold"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,47 +92,87 @@ class CallPlanner:
     Args:
         jit_compile: True, False, "update" or "auto".
         steps_per_call: an int >= 1 or "auto".
-        xla_available: False when XLA cannot be used at all (eager mode, a
-            layer that does not support it).
+        xla_available: False when XLA cannot be used (eager mode, a layer
+            that does not support it, or `deterministic=True`).
+        max_steps: a hard cap on steps per call (captures every k steps).
+
+    The Trainer sets `remaining_steps` (steps left in this `fit`, or None
+    when unknown) before each call; it decides whether an XLA mode is worth
+    trying.
     """
 
-    def __init__(self, jit_compile, steps_per_call, xla_available=True, max_steps=None):
+    def __init__(self, jit_compile, steps_per_call, xla_available=True, max_steps=None,
+                 xla_order=("update", True)):
         self._fixed_steps = None if steps_per_call == "auto" else int(steps_per_call)
         if max_steps == 1:
             self._fixed_steps = 1
         if jit_compile == "auto":
-            self._modes = [False, "update", True] if xla_available else [False]
+            self._modes = [False]
+            self._untried = list(xla_order) if xla_available else []
         else:
             self._modes = [jit_compile]
+            self._untried = []
         self._step_options = ([1, min(PROBE_STEPS, max_steps or PROBE_STEPS)]
                               if self._fixed_steps is None
                               else [self._fixed_steps])
         self._calls = {}          # jit -> [(steps, samples, seconds)] of full timed calls
         self._checks = {}         # (jit, steps) -> [seconds per sample] while verifying
+        self._start_seconds = {}  # jit -> seconds of its first and first loop calls
         self._reference_batch = None
         # A hard cap from the caller (captures every k steps), never lifted.
         self._cap = max_steps or MAX_STEPS_PER_CALL
         self._max_steps = self._cap
         self._candidate = None    # the measured best, while it is checked
-        self._rounds_pending = False
-        self._warm_seconds = []
+        self._warm_seconds = {}   # jit -> seconds per step of its first loop call
+        self._trying_spent = 0.0
+        self._deferred = []       # XLA modes that could not pay yet: reconsidered later
+        self.remaining_steps = None
+        self.steps_trained = 0    # every step this planner has seen, all fits together
         self.notes = []
         self.choice = None
-        if len(self._modes) == 1 and self._fixed_steps is not None:
+        self.from_cache = False
+        if len(self._modes) == 1 and not self._untried and self._fixed_steps is not None:
             self.choice = Choice(self._modes[0], self._fixed_steps, "fixed by the caller")
             self._queue = []
         else:
-            self._queue = self._search_schedule()
+            self._queue = self._start_schedule(self._modes[0])
 
     @property
     def tuning(self):
         return self.choice is None
 
+    @property
+    def mode(self):
+        """The execution mode of the next call (the chosen one once chosen)."""
+        return self.next_call().jit
+
     def next_call(self):
         """Returns the `Probe` to run next."""
         if self.choice is not None:
             return Probe(self.choice.jit_compile, self.choice.steps_per_call, CHOSEN)
+        if not self._queue:
+            # Waiting to learn how long the run is (data of unknown length):
+            # train in the best mode measured so far meanwhile.
+            best = self._estimate(False) or self._estimate(self._modes[0])
+            steps = best[1].steps_per_call if best else 1
+            return Probe(self._modes[0] if best is None else best[1].jit_compile, steps, HOLD)
         return self._queue[0]
+
+    def status(self):
+        """"tuning k/n": measuring the k-th of n execution modes; None once chosen."""
+        if self.choice is not None:
+            return None
+        modes = self._modes + self._untried
+        probe = self.next_call()
+        index = modes.index(probe.jit) + 1 if probe.jit in modes else 1
+        return f"tuning {index}/{len(modes)}"
+
+    def adopt(self, choice):
+        """Takes a choice made before (the plan cache): no measuring at all."""
+        self.choice = Choice(choice.jit_compile,
+                             min(choice.steps_per_call, self._max_steps), choice.reason)
+        self.from_cache = True
+        self._queue = []
 
     def limit_steps(self, max_steps):
         """Caps steps per call, at half an epoch once its length is known.
@@ -130,14 +188,29 @@ class CallPlanner:
 
     def record(self, probe, requested, ran, samples, seconds):
         """Records a finished call of `probe` that asked for `requested` steps."""
-        if self.choice is not None or not self._queue or self._queue[0] is not probe:
+        self.steps_trained += ran
+        if self.choice is not None:
+            return
+        if probe.kind == HOLD:
+            if self.remaining_steps is not None:
+                self._consider_xla()
+                if not self._queue:
+                    self._choose()
+            return
+        if not self._queue or self._queue[0] is not probe:
             return
         self._queue.pop(0)
-        if probe.kind == WARM:
+        if probe.kind == FIRST:
+            self._start_seconds[probe.jit] = seconds
+            if probe.jit is not False and not self._still_worth_it(probe.jit, seconds):
+                self._give_up(probe.jit)
+        elif probe.kind == WARM:
+            self._start_seconds[probe.jit] = self._start_seconds.get(probe.jit, 0.0) + seconds
             if ran:
-                self._warm_seconds.append(seconds / ran)
-        elif probe.kind == FIRST:
-            pass
+                self._warm_seconds[probe.jit] = seconds / ran
+            if probe.jit is not False:
+                self._trying_spent += self._start_seconds[probe.jit]
+            self._queue[0:0] = self._timed_rounds(probe.jit)
         elif self._is_full(requested, ran, samples):
             if self._candidate is None:
                 self._calls.setdefault(probe.jit, []).append((ran, samples, seconds))
@@ -148,19 +221,35 @@ class CallPlanner:
             # time does not describe a full call. Run it again.
             self._queue.insert(0, dataclasses.replace(probe, attempt=probe.attempt + 1))
         if not self._queue:
-            self._advance()
+            self._after_mode()
+
+    def reconsider(self):
+        """Reopens measuring when an XLA mode that could not pay before now can.
+
+        A trainer that has trained N steps is expected to train about as many
+        more (the ski-rental rule): a run made of many short fits (one epoch
+        each) reaches XLA once the time it has trained makes trying it cheap.
+        """
+        if self.choice is None or not self._deferred or self.from_cache:
+            return
+        chosen, self.choice = self.choice, None
+        self._untried, self._deferred = self._deferred, []
+        self._consider_xla(quiet=True)
+        if not self._queue:
+            self.choice = chosen
 
     def drop_xla(self, error, mode=True):
         """XLA failed to compile `mode` for this model: continue without that mode."""
         self.notes.append(f"XLA could not compile the {describe(mode)} step "
                           f"({type(error).__name__}); that mode is not used")
         self._modes = [m for m in self._modes if m != mode]
+        self._untried = [m for m in self._untried if m != mode]
         self._queue = [p for p in self._queue if p.jit != mode]
         if not self._modes:
             self._modes = [False]
-            self._queue = self._search_schedule() if self._fixed_steps is None else []
+            self._queue = self._start_schedule(False)
         if self.choice is None and not self._queue:
-            self._advance()
+            self._after_mode()
 
     def report(self):
         """A dict of what was measured and chosen, for logs and `Trainer.tuning`."""
@@ -177,27 +266,92 @@ class CallPlanner:
             "jit_compile": self.choice.jit_compile if self.choice else None,
             "steps_per_call": self.choice.steps_per_call if self.choice else None,
             "reason": self.choice.reason if self.choice else "still measuring",
+            "from_cache": self.from_cache,
             "measured": measured,
+            "start_seconds": {str(k): v for k, v in self._start_seconds.items()},
             "checked_against_baseline": checks,
+            "waiting_to_try": [describe(m) for m in self._deferred],
             "notes": list(self.notes),
         }
 
     # Schedule -----------------------------------------------------------
 
-    def _search_schedule(self):
-        """The warm-up calls; the timed rounds follow once they tell a call's length."""
-        self._warm_seconds = []
-        self._rounds_pending = True
-        return [Probe(m, 1, kind) for m in self._modes for kind in (FIRST, WARM)]
+    def _start_schedule(self, mode):
+        """A mode's untimed first step and first loop call; its timed rounds follow."""
+        return [Probe(mode, 1, FIRST), Probe(mode, 1, WARM)]
 
-    def _timed_rounds(self):
+    def _timed_rounds(self, mode):
         options = list(self._step_options)
-        if self._fixed_steps is None and self._warm_seconds:
+        warm = self._warm_seconds.get(mode)
+        if self._fixed_steps is None and warm:
             # Calls of a few milliseconds are mostly noise on a busy machine:
             # make the longer probe last about PROBE_SECONDS.
-            wanted = math.ceil(PROBE_SECONDS / max(min(self._warm_seconds), 1e-6))
+            wanted = math.ceil(PROBE_SECONDS / max(warm, 1e-6))
             options[1] = max(options[1], min(wanted, self._max_steps, self._cap))
-        return [Probe(m, n) for _ in range(ROUNDS) for m in self._modes for n in options]
+        return [Probe(mode, n) for _ in range(ROUNDS) for n in options]
+
+    def _after_mode(self):
+        """A mode's timed rounds are done: try the next XLA mode that can pay, or choose."""
+        if self._candidate is not None:
+            self._conclude()
+            return
+        if self._untried:
+            if self.remaining_steps is None:
+                return   # HOLD calls until the Trainer knows how long the run is
+            self._consider_xla()
+            if self._queue:
+                return
+        self._choose()
+
+    def _consider_xla(self, quiet=False):
+        """Queues the next untried XLA mode that can repay trying it; defers those that cannot."""
+        while self._untried:
+            mode = self._untried[0]
+            baseline = self._estimate(False)
+            start = self._start_seconds.get(False)
+            if baseline is None or start is None:
+                self._untried.pop(0)
+                continue
+            step = baseline[0] * self._reference_batch   # seconds per step, chosen calls
+            remaining = max(self.remaining_steps or 0, self.steps_trained)
+            remaining_time = remaining * step
+            cost = XLA_START_RATIO[mode] * start
+            gain = remaining_time * XLA_BEST_SAVING
+            budget = TRY_BUDGET * remaining_time - self._trying_spent
+            self._untried.pop(0)
+            if gain > cost and cost <= budget:
+                self._modes.append(mode)
+                self._queue = self._start_schedule(mode)
+                return
+            self._deferred.append(mode)
+            if not quiet:
+                self.notes.append(
+                    f"{describe(mode)} not tried yet: starting it was predicted to cost "
+                    f"{cost:.2f} s against at most {gain:.2f} s to win over the {remaining} "
+                    f"steps expected (trying may spend {TRY_BUDGET:.0%} of their "
+                    f"{remaining_time:.2f} s)")
+
+    def _still_worth_it(self, mode, first_seconds):
+        """After an XLA mode's first call: can the rest of its start (the loop's compile) still pay?"""
+        baseline = self._estimate(False)
+        if self.remaining_steps is None or baseline is None:
+            return True
+        # tf.function's start measured both parts: the first loop call costs
+        # about this many times the first step.
+        start, warm = self._start_seconds.get(False), self._warm_seconds.get(False)
+        first = start - warm if start and warm else None
+        loop_per_first = warm / first if first and first > 0 else 1.0
+        still_to_pay = first_seconds * max(loop_per_first, 0.5)
+        step = baseline[0] * self._reference_batch
+        gain = max(self.remaining_steps, self.steps_trained, 0) * step * XLA_BEST_SAVING
+        return gain > still_to_pay
+
+    def _give_up(self, mode):
+        self.notes.append(f"{describe(mode)} dropped after its first call: its measured start "
+                          "cannot be repaid by the steps left")
+        self._trying_spent += self._start_seconds.get(mode, 0.0)
+        self._modes = [m for m in self._modes if m != mode]
+        self._queue = [p for p in self._queue if p.jit != mode]
 
     def _is_full(self, requested, ran, samples):
         if ran != requested or samples <= 0:
@@ -206,27 +360,25 @@ class CallPlanner:
             self._reference_batch = samples / ran
         return samples == ran * self._reference_batch
 
-    def _advance(self):
-        if self._rounds_pending:
-            self._rounds_pending = False
-            self._queue = self._timed_rounds()
-            if self._queue:
-                return
-        if self._candidate is None:
-            candidate = self._best_measured()
-            baseline_measured = any(n == 1 for n, _, _ in self._calls.get(False, []))
-            if candidate is None:
-                self.choice = Choice(False, 1, "no full call could be measured")
-            elif (candidate.jit_compile, candidate.steps_per_call) == (False, 1) \
-                    or not baseline_measured:
-                self.choice = candidate
-            else:
-                # Confirm the winner against plain tf.function, one step per
-                # call, in alternating calls: the promise is never to be slower.
-                self._candidate = candidate
-                chosen = (candidate.jit_compile, candidate.steps_per_call)
-                self._queue = [Probe(*p) for _ in range(ROUNDS) for p in (chosen, (False, 1))]
-            return
+    def _choose(self):
+        candidate = self._best_measured()
+        baseline_measured = any(n == 1 for n, _, _ in self._calls.get(False, []))
+        if candidate is None:
+            self.choice = Choice(self._modes[0] if self._fixed_steps else False,
+                                 self._fixed_steps or 1, "no full call could be measured")
+        elif (candidate.jit_compile, candidate.steps_per_call) == (False, 1) \
+                or not baseline_measured or candidate.jit_compile is False:
+            # tf.function at n steps was measured against 1 step in the same
+            # alternating rounds: nothing left to check.
+            self.choice = candidate
+        else:
+            # Confirm the winner against plain tf.function, one step per
+            # call, in alternating calls: the promise is never to be slower.
+            self._candidate = candidate
+            chosen = (candidate.jit_compile, candidate.steps_per_call)
+            self._queue = [Probe(*p) for _ in range(ROUNDS) for p in (chosen, (False, 1))]
+
+    def _conclude(self):
         chosen = self._median_check((self._candidate.jit_compile,
                                      self._candidate.steps_per_call))
         baseline = self._median_check((False, 1))

@@ -32,11 +32,14 @@ class _Progbar(keras.utils.Progbar):
     """
 
     samples_per_second = None
+    status = None   # "tuning 1/3" while "auto" measures
 
     def _format_time(self, time_per_unit, unit_name):
         text = super()._format_time(time_per_unit, unit_name)
         if self.samples_per_second is not None:
             text += f" - {self.samples_per_second:,.0f} samples/s"
+        if self.status:
+            text += f" - {self.status}"
         return text
 
 
@@ -57,16 +60,19 @@ class EpochProgress:
             self._bar = _Progbar(steps, verbose=verbose, stateless_metrics=(),
                                  unit_name="step")
 
-    def update(self, steps_done, samples_done, logs, finalize=False):
+    def update(self, steps_done, samples_done, logs, status=None, finalize=False):
         if self._bar is None:
             return
         seconds = max(time.perf_counter() - self._start, 1e-9)
         self._bar.samples_per_second = samples_done / seconds
+        if not finalize:
+            self._bar.status = status
         self._bar.update(steps_done, values=list(logs.items()), finalize=finalize)
 
     def finish(self, steps_done, samples_done, logs):
         """The epoch's last line, with what the callbacks added to `logs` at epoch end."""
-        self.update(steps_done, samples_done, logs, finalize=True)
+        self.update(steps_done, samples_done, logs, self._bar.status if self._bar else None,
+                    finalize=True)
 
 
 class EpochEndLine(keras.callbacks.Callback):

@@ -186,6 +186,9 @@ class Task:
         x = batch[0] if isinstance(batch, tuple) else batch
         return self.model(x, training=False)
 
+    def check_unchanged(self):
+        """Raises `ConfigError` when the task changed in a way its compiled step cannot follow."""
+
     def check_data(self, element_spec, name, needs_targets=True, arrays=None):
         """Raises `DataSpecError` when batches of `element_spec` cannot feed this task.
 
@@ -283,6 +286,20 @@ class SupervisedTask(Task):
             # hands `learning_rate` through to the inner one for callbacks.
             optimizer = optimizer.inner_optimizer
         self._updates.append(Update("model", "loss", [model], optimizer))
+        self._compiled_as = getattr(model, "_compile_config", None)
+
+    def check_unchanged(self):
+        """Raises `ConfigError` when the model was compiled again after the Trainer took it.
+
+        Keras rebuilds its train function on every compile(); a Trainer has
+        built its step, optimizer state and metrics for the compile it saw.
+        """
+        if getattr(self.network, "_compile_config", None) is not self._compiled_as:
+            raise ConfigError(
+                f"`{self.network.name}` was compiled again after the Trainer was created, so "
+                "the Trainer's step no longer matches its optimizer, loss and metrics. "
+                "Expected one compile per Trainer. Fix: create a new "
+                "`tapeworks.Trainer(model)` after `model.compile(...)`.")
 
     def compute_losses(self, batch, training):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)

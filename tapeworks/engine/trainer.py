@@ -24,6 +24,7 @@ from tapeworks.data import sources
 from tapeworks.engine import autotune, data_stage, guards, inputs, step
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
+from tapeworks.engine import plan_cache as plan_cache_lib
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.progress import EpochEndLine, EpochProgress, resolve_verbose
 from tapeworks.errors import ConfigError, DataSpecError
@@ -73,6 +74,14 @@ class Trainer:
             set that model explicitly. False skips both.
         diagnose_input: after the first epoch, measure whether training waits
             for its input (`diagnose_input`) and report it.
+        deterministic: keep "auto" to modes with the numerics of plain
+            `tf.function` (no XLA, which fuses and reorders floating-point
+            work): a seeded run then repeats a fixed-mode run's losses.
+            Steps per call are still measured (they change no numerics).
+        plan_cache: where "auto" keeps its choices across runs: None (the
+            default folder, `~/.cache/tapeworks/plans` or
+            `$TAPEWORKS_CACHE_DIR/plans`, unless `TAPEWORKS_PLAN_CACHE=0`),
+            False (off) or a folder.
 
     Accumulation: the update is the gradient of the mean loss over every
     sample of the window (micro-batches weighted by their size), which equals
@@ -107,7 +116,7 @@ class Trainer:
                  weighted_metrics=None, jit_compile="auto", steps_per_call="auto", seed=None,
                  run_eagerly=None, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
-                 check_data=True, diagnose_input=False):
+                 check_data=True, diagnose_input=False, deterministic=False, plan_cache=None):
         _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
@@ -197,7 +206,24 @@ class Trainer:
         self.hooks = step.StepHooks()
         self._strategy = tf.distribute.get_strategy()
         self._built = False
-        self._announced = False
+        self._announced = None    # the choice last announced (and stored)
+        if not isinstance(deterministic, bool):
+            raise ConfigError(f"`deterministic` must be True or False. Received: "
+                              f"deterministic={deterministic!r}")
+        if deterministic and jit_compile in (True, "update"):
+            raise ConfigError(
+                f"`deterministic=True` keeps to tf.function's numerics, which "
+                f"jit_compile={jit_compile!r} (XLA) changes. Fix: pass jit_compile=False "
+                "or \"auto\" with deterministic=True.")
+        self.deterministic = deterministic
+        if plan_cache is False or (plan_cache is None
+                                   and not plan_cache_lib.enabled_by_environment()):
+            self._plan_cache = None
+        else:
+            self._plan_cache = plan_cache_lib.PlanCache(
+                plan_cache if isinstance(plan_cache, (str, os.PathLike)) else None)
+        self._plan_key = None       # fingerprint of this trainer's plan, once known
+        self._element_spec = None
 
     def __repr__(self):
         jit = "auto (measuring)" if self.jit_compile is None else self.jit_compile
@@ -215,18 +241,19 @@ class Trainer:
 
     @property
     def jit_compile(self):
-        """The execution mode chosen (True, False or "update"); None while measuring."""
-        choice = self._planner.choice if self._planner else None
-        if choice is not None:
-            return choice.jit_compile
+        """The execution mode in use (True, False or "update"); None before the first `fit`.
+
+        While "auto" is still measuring, the mode of the call about to run.
+        """
+        if self._planner is not None:
+            return self._planner.mode
         return self._jit_setting if self._jit_setting != "auto" else None
 
     @property
     def steps_per_call(self):
-        """Steps per graph call as chosen; None while still measuring."""
-        choice = self._planner.choice if self._planner else None
-        if choice is not None:
-            return choice.steps_per_call
+        """Steps per graph call in use; None before the first `fit`."""
+        if self._planner is not None:
+            return self._planner.next_call().steps
         return self._steps_setting if self._steps_setting != "auto" else None
 
     @property
@@ -284,6 +311,7 @@ class Trainer:
             The `keras.callbacks.History` of the run.
         """
         verbose = resolve_verbose(verbose)
+        self.task.check_unchanged()
         data_stage.check_epochs(epochs, initial_epoch, steps_per_epoch)
         data_stage.check_validation_freq(validation_freq)
         train, validation = self._data.for_fit(
@@ -324,7 +352,8 @@ class Trainer:
             callback_list.on_epoch_begin(epoch)
             progress = EpochProgress(epoch, epochs, steps_known, verbose)
             steps_done, samples_done, logs = self._train_epoch(
-                batches, callback_list, progress, epoch)
+                batches, callback_list, progress, epoch, later_epochs=epochs - epoch - 1,
+                known_steps=steps_known)
             train.on_epoch_end()
             self._close_partial_window()
             if steps_known is None and steps_per_epoch is None:
@@ -347,6 +376,7 @@ class Trainer:
             end_line.progress, end_line.steps, end_line.samples = (
                 progress, steps_done, samples_done)
             callback_list.on_epoch_end(epoch, epoch_logs)
+            self._announce_choice_once(verbose)
             training_logs = epoch_logs
             if self.model.stop_training:
                 break
@@ -367,13 +397,21 @@ class Trainer:
         if self._planner is None:
             self._planner = autotune.CallPlanner(
                 self._jit_setting, self._steps_setting, max_steps=self.capture_every,
-                xla_available=not self.run_eagerly and all(
+                xla_available=not self.run_eagerly and not self.deterministic and all(
                     _model_supports_xla(m) for m in self.task.models),
+                # Mixed precision gained most from XLA on the update alone (the
+                # forward and backward ran faster outside XLA); float32 from XLA
+                # on the whole step. The likelier winner is tried first.
+                xla_order=(("update", True) if self.precision.policy != "float32"
+                           else (True, "update")),
             )
 
-    def _train_epoch(self, batches, callback_list, progress, epoch):
+    def _train_epoch(self, batches, callback_list, progress, epoch, later_epochs=0,
+                     known_steps=None):
         steps_per_epoch = batches.steps_per_epoch
         epoch_steps = steps_per_epoch or batches.prepared.steps
+        # Data of unknown length: its length is known after the first epoch.
+        length = epoch_steps or known_steps
         steps_done = samples_done = 0
         logs = {}
         batches.start_epoch()
@@ -381,6 +419,11 @@ class Trainer:
         while steps_per_epoch is None or steps_done < steps_per_epoch:
             if steps_per_epoch is None and epoch_steps and steps_done >= epoch_steps:
                 break
+            if length:
+                # What measuring can still win back: the rest of this fit.
+                self._planner.remaining_steps = (later_epochs * length
+                                                 + max(length - steps_done, 0))
+            self._planner.reconsider()
             probe = self._planner.next_call()
             num_steps = probe.steps
             if epoch_steps:
@@ -398,14 +441,15 @@ class Trainer:
             batches.consumed(ran)
             if ran:
                 self._planner.record(probe, num_steps, ran, samples, seconds)
+                if probe.first and self._plan_key is None:
+                    self._use_plan_cache(samples // ran)
                 self._deliver_capture(callback_list)
-                self._announce_choice_once()
                 steps_done += ran
                 samples_done += samples
                 logs = call_logs
                 restarted = False
                 callback_list.on_train_batch_end(steps_done - 1, logs)
-                progress.update(steps_done, samples_done, logs)
+                progress.update(steps_done, samples_done, logs, self._planner.status())
                 if self.model.stop_training:
                     break
             if ran < num_steps:
@@ -522,13 +566,32 @@ class Trainer:
             if hasattr(callback, "on_capture"):
                 callback.on_capture(step_index, tensors)
 
-    def _announce_choice_once(self):
-        if self._planner.choice is None or self._announced:
+    def _use_plan_cache(self, batch_size):
+        """After the first step: adopt the plan a previous run stored for this fingerprint."""
+        if self._plan_cache is None or not self._planner.tuning:
             return
-        self._announced = True
+        self._plan_key, self._plan_description = plan_cache_lib.fingerprint(self, batch_size)
+        plan = self._plan_cache.get(self._plan_key)
+        if plan is not None:
+            self._planner.adopt(autotune.Choice(
+                plan["jit_compile"], plan["steps_per_call"],
+                f"from the plan cache ({plan['reason']})"))
+
+    def _announce_choice_once(self, verbose):
+        """Says what "auto" chose, once per choice (a line at verbose >= 1, and the log); stores it."""
         choice = self._planner.choice
-        logger.info("jit_compile=%s, steps_per_call=%d (%s)",
-                    choice.jit_compile, choice.steps_per_call, choice.reason)
+        if choice is None or choice is self._announced:
+            return
+        self._announced = choice
+        if self._jit_setting == "auto" or self._steps_setting == "auto":
+            line = (f"jit_compile={choice.jit_compile}, "
+                    f"steps_per_call={choice.steps_per_call} ({choice.reason})")
+            if verbose:
+                print(f"tapeworks: {line}")
+            logger.info("%s", line)
+        if self._plan_key is not None and not self._planner.from_cache:
+            self._plan_cache.put(self._plan_key, choice.jit_compile, choice.steps_per_call,
+                                 choice.reason, self._plan_description)
 
     def _close_partial_window(self):
         """Applies a window left with fewer than `accumulate` micro-batches at epoch end."""
@@ -606,6 +669,7 @@ class Trainer:
         if kwargs:
             raise ConfigError(f"Arguments not recognized by evaluate: {sorted(kwargs)}. "
                               "Expected Keras' evaluate arguments.")
+        self.task.check_unchanged()
         prepared = self._built_data(x, y, sample_weight, batch_size) if steps is None else \
             self._built_steps(x, y, sample_weight, batch_size, steps)
         verbose = resolve_verbose(verbose)
@@ -711,6 +775,8 @@ class Trainer:
         """
         if self._built:
             return
+        if targets:
+            self._element_spec = element_spec
         x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
         with guards.inside_step():
             if isinstance(self.task, task_lib.SupervisedTask) and not self.model.built:

@@ -88,7 +88,7 @@ def test_bench_list():
     result = tapeworks("bench", "--list")
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
-        "loops", "accumulate", "precision", "gan", "input", "lint", "autotune"]
+        "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock"]
 
 
 @pytest.mark.slow
@@ -121,3 +121,32 @@ def test_autotune_bench_pairs_every_loop_with_the_model_on_and_off(tmp_path):
         assert row["slowest"] <= row["samples_per_s"] <= row["fastest"]
         if row["approach"].endswith("as built"):
             assert row["vs_as_built"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_wallclock_scenario_quick(tmp_path):
+    result = tapeworks("bench", "wallclock", "--quick", "--repeats", "3", "--out", str(tmp_path),
+                       timeout=900)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "wallclock.json").read_text())
+    approaches = {row["approach"] for row in report["rows"]}
+    assert len(approaches) == 5 and all(row["seconds"] > 0 for row in report["rows"])
+    warm = next(r for r in report["rows"] if "warm" in r["approach"])
+    assert warm["chose"].endswith("(cache)")
+
+
+def test_version_and_quiet_start():
+    result = tapeworks("--version")
+    assert result.returncode == 0 and result.stdout.startswith("tapeworks ")
+    listed = tapeworks("bench", "--list")
+    assert "I0000" not in listed.stderr and "oneDNN" not in listed.stderr
+
+
+def test_unknown_scenario_is_named_without_importing_tensorflow():
+    result = subprocess.run([sys.executable, "-c",
+                             "import sys; from tapeworks import cli; rc = cli.main(['bench', "
+                             "'nosuch']); print(rc, 'tensorflow' in sys.modules)"],
+                            capture_output=True, text=True)
+    assert result.stdout.split() == ["2", "False"]
+    assert "unknown scenario(s) nosuch" in result.stderr

@@ -14,12 +14,17 @@ from tests.engine import models
 BATCH = 64
 
 
-def drive(planner, cost, calls=200, epoch_steps=None):
-    """Runs the planner against a cost model; returns the probes it asked for."""
+def drive(planner, cost, calls=200, epoch_steps=None, remaining=10**7):
+    """Runs the planner against a cost model; returns the probes it asked for.
+
+    `cost(jit, steps)` is the fake clock: the seconds a call takes. `remaining`
+    is the work left in the fit, as the Trainer would tell it.
+    """
     asked = []
     for _ in range(calls):
         if not planner.tuning:
             break
+        planner.remaining_steps = remaining
         probe = planner.next_call()
         asked.append(probe)
         steps = probe.steps if epoch_steps is None else min(probe.steps, epoch_steps)
@@ -44,9 +49,11 @@ def test_picks_faster_mode_and_amortises_overhead():
     # Overhead 1.25 ms must fall under 0.5% of the call: n >= 0.00125 / (0.005 * 0.001) = 250
     # (251 when the float quotient lands a hair above 250 before the ceiling).
     assert planner.choice.steps_per_call in (250, 251)
-    # The probes alternate modes rather than running one mode's repeats in a row.
-    timed = [p.jit for p in asked if p.kind == "timed"][:6]
-    assert timed == [False, False, "update", "update", True, True]
+    # tf.function first (the cheapest to start), 1 and n steps alternating;
+    # then each XLA mode, since a long run can repay trying them.
+    timed = [(p.jit, p.steps == 1) for p in asked if p.kind == "timed"]
+    assert timed[:4] == [(False, True), (False, False)] * 2
+    assert [p.jit for p in asked if p.kind == "first"] == [False, "update", True]
 
 
 def test_never_keeps_a_choice_slower_than_one_step_tf_function():
@@ -62,6 +69,7 @@ def test_never_keeps_a_choice_slower_than_one_step_tf_function():
 
     planner = CallPlanner("auto", "auto")
     while planner.tuning and planner._candidate is None:
+        planner.remaining_steps = 10**7
         probe = planner.next_call()
         planner.record(probe, probe.steps, probe.steps, probe.steps * BATCH,
                        cost(probe.jit, probe.steps))
@@ -108,18 +116,91 @@ def test_cut_short_calls_are_not_measured():
 def test_xla_failure_drops_only_the_failed_mode():
     planner = CallPlanner("auto", 4)
     planner.drop_xla(RuntimeError("no kernel"), True)
-    assert {p.jit for p in planner._queue} == {False, "update"}
+    assert planner._untried == ["update"]
     assert "XLA could not compile the XLA step" in planner.report()["notes"][0]
     planner.drop_xla(RuntimeError("no kernel"), "update")
-    assert {p.jit for p in planner._queue} == {False}
+    assert {p.jit for p in planner._queue} == {False} and planner._untried == []
+
+
+def steady_cost(first=0.3, warm=0.3, step=0.002, overhead=0.001, xla_step=0.001,
+                xla_first=None):
+    """A fake clock: first calls cost `first` (XLA: 4x), loop calls overhead + n x step."""
+    calls = {"n": 0}
+
+    def cost(jit, steps, kind):
+        if kind == "first":
+            return xla_first if (jit and xla_first) else first * (1 if jit is False else 4)
+        if kind == "warm":
+            return warm * (1 if jit is False else 4)
+        return overhead + steps * (step if jit is False else xla_step)
+
+    return cost
+
+
+def drive_kinds(planner, cost, remaining, calls=400):
+    asked = []
+    for _ in range(calls):
+        if not planner.tuning:
+            break
+        planner.remaining_steps = remaining
+        probe = planner.next_call()
+        asked.append(probe)
+        planner.record(probe, probe.steps, probe.steps, probe.steps * BATCH,
+                       cost(probe.jit, probe.steps, probe.kind))
+    return asked
+
+
+def test_xla_is_never_tried_when_the_remaining_work_cannot_repay_its_start():
+    # tf.function starts in 0.6 s (first call + first loop call) and steps in
+    # 2 ms. 2,000 steps left: 4 s of work, at best 2 s to win, but trying the
+    # XLA-fused update is predicted to cost 2 x 0.6 = 1.2 s, over 5% of 4 s.
+    planner = CallPlanner("auto", "auto")
+    asked = drive_kinds(planner, steady_cost(), remaining=2000)
+    assert {p.jit for p in asked} == {False}
+    assert planner.choice.jit_compile is False
+    assert any("not tried" in note for note in planner.report()["notes"])
+
+
+def test_xla_is_tried_when_a_long_run_can_repay_it():
+    planner = CallPlanner("auto", "auto")
+    asked = drive_kinds(planner, steady_cost(), remaining=2_000_000)
+    assert [p.jit for p in asked if p.kind == "first"] == [False, "update", True]
+    assert planner.choice.jit_compile in (True, "update")   # both step in 1 ms here
+
+
+def test_an_xla_mode_whose_first_call_cannot_pay_is_dropped_at_once():
+    # Predicted to pay (4 x 0.3 s against a long run), but its first call
+    # takes 500 s: the rest of its start (the loop's compile) is not paid.
+    planner = CallPlanner("auto", "auto")
+    asked = drive_kinds(planner, steady_cost(xla_first=500.0), remaining=200_000)
+    xla_kinds = [p.kind for p in asked if p.jit == "update"]
+    assert xla_kinds == ["first"]
+    assert any("dropped after its first call" in n for n in planner.report()["notes"])
+
+
+def test_with_data_of_unknown_length_the_xla_decision_waits():
+    planner = CallPlanner("auto", "auto")
+    asked = drive_kinds(planner, steady_cost(), remaining=None, calls=40)
+    assert planner.tuning and {p.jit for p in asked} == {False}
+    assert asked[-1].kind == "hold" and asked[-1].steps > 1   # trains at its best meanwhile
+    drive_kinds(planner, steady_cost(), remaining=2000)        # the epoch ended: 2,000 left
+    assert planner.choice.jit_compile is False
+
+
+def test_progress_status_names_the_mode_being_measured():
+    planner = CallPlanner("auto", "auto")
+    assert planner.status() == "tuning 1/3"
+    drive_kinds(planner, steady_cost(), remaining=2_000_000, calls=25)
+    assert planner.status() in ("tuning 2/3", "tuning 3/3")
 
 
 def test_trainer_auto_resolves_and_reports():
     x, y = models.regression_data(n=2000)
     trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse", seed=0)
-    assert trainer.tuning is None
+    assert trainer.tuning is None and trainer.jit_compile is None
     fits = 0
-    while trainer.jit_compile is None:  # measuring carries over from fit to fit
+    while trainer.tuning is None or trainer.tuning["jit_compile"] is None:
+        # measuring carries over from fit to fit
         trainer.fit((x, y), batch_size=10, epochs=2, verbose=0)
         fits += 1
         assert fits < 10
@@ -142,9 +223,10 @@ def test_measuring_carries_over_to_the_next_fit():
     x, y = models.regression_data(n=40)
     trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse")
     trainer.fit((x, y), batch_size=10, verbose=0)  # 4 steps: far too few to choose
-    assert trainer.jit_compile is None and trainer.tuning["reason"] == "still measuring"
+    assert trainer.tuning["reason"] == "still measuring"
+    assert trainer.jit_compile is False   # the mode in use: tf.function first
     for _ in range(200):
-        if trainer.jit_compile is not None:
+        if trainer.tuning["jit_compile"] is not None:
             break
         trainer.fit((x, y), batch_size=10, verbose=0)
     assert trainer.jit_compile in (True, False, "update")
@@ -155,3 +237,17 @@ def test_measuring_carries_over_to_the_next_fit():
 def test_bad_steps_per_call(bad):
     with pytest.raises(tapeworks.ConfigError, match="steps_per_call"):
         tapeworks.Trainer(models.sequential(), "sgd", "mse", steps_per_call=bad)
+
+
+def test_a_run_of_many_short_fits_reaches_xla_once_it_has_trained_enough():
+    planner = CallPlanner("auto", "auto")
+    drive_kinds(planner, steady_cost(), remaining=100)   # a short fit: XLA cannot pay yet
+    assert planner.choice.jit_compile is False
+    assert planner.report()["waiting_to_try"] == ["tf.function with an XLA-fused update", "XLA"]
+    planner.reconsider()
+    assert not planner.tuning   # still nothing to win
+    planner.steps_trained = 5_000_000   # ... until it has trained for long
+    planner.reconsider()
+    assert planner.tuning and planner.next_call().jit == "update"
+    drive_kinds(planner, steady_cost(), remaining=100)
+    assert planner.choice.jit_compile in (True, "update")

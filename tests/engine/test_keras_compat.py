@@ -351,3 +351,13 @@ def test_progress_line_rounds_samples_per_second_and_shows_the_learning_rate(cap
     rate = lines[0].split(" samples/s")[0].rsplit(" ", 1)[-1]
     assert rate.replace(",", "").isdigit(), lines[0]
     assert "learning_rate" in lines[1]
+
+
+def test_compiling_again_after_creating_the_trainer_is_explained():
+    model = compiled(one_input)
+    trainer = tapeworks.Trainer(model, jit_compile=False)
+    trainer.fit(X, LABELS, verbose=0)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    with pytest.raises(tapeworks.ConfigError, match="compiled again"):
+        trainer.fit(X, LABELS, verbose=0)
+    tapeworks.Trainer(model, jit_compile=False).fit(X, LABELS, verbose=0)

@@ -1,0 +1,168 @@
+"""The plan cache: what "auto" chose, kept on disk so the next run starts there.
+
+cuDNN's and XLA's autotune caches are the model: the choice (execution mode,
+steps per call) is stored under a fingerprint of everything that decides it:
+the models' structure and weight shapes, the batch (shapes, dtypes, size),
+precision, optimizers, accumulation and clipping, the device and CPU/GPU
+model, and the TensorFlow, Keras and tapeworks versions. A second run of the
+same script finds its plan after its first step and measures nothing.
+
+Location: `$TAPEWORKS_CACHE_DIR/plans`, by default `~/.cache/tapeworks/plans`;
+`TAPEWORKS_PLAN_CACHE=0` (or `Trainer(plan_cache=False)`) turns it off. One
+JSON file per plan, written to a temporary file in the same folder and
+renamed over the old one (atomic on POSIX and Windows), so concurrent
+processes never read half a file; a file that does not parse is ignored,
+removed and rebuilt. `tapeworks cache show | clear` lists and empties it.
+"""
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+
+logger = logging.getLogger("tapeworks")
+
+ENV_DIR = "TAPEWORKS_CACHE_DIR"
+ENV_SWITCH = "TAPEWORKS_PLAN_CACHE"
+FORMAT = 1
+
+
+def default_folder():
+    root = os.environ.get(ENV_DIR) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                   "tapeworks")
+    return os.path.join(root, "plans")
+
+
+def enabled_by_environment():
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+class PlanCache:
+    """Plans on disk, one JSON file per fingerprint."""
+
+    def __init__(self, folder=None):
+        self.folder = folder or default_folder()
+
+    def _path(self, key):
+        return os.path.join(self.folder, f"{key}.json")
+
+    def get(self, key):
+        """The stored plan for `key`, or None (absent, unreadable or from another format)."""
+        path = self._path(key)
+        try:
+            with open(path, encoding="utf-8") as f:
+                plan = json.load(f)
+            if plan.get("format") != FORMAT or plan.get("jit_compile") not in (
+                    True, False, "update") or not isinstance(plan.get("steps_per_call"), int):
+                raise ValueError("not a plan of this format")
+            return plan
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, AttributeError) as error:
+            logger.warning("ignoring the unreadable plan cache entry %s (%s); it will be "
+                           "measured again", path, error)
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            return None
+
+    def put(self, key, jit_compile, steps_per_call, reason, description):
+        """Stores a plan atomically (write a temporary file, then rename it over the old)."""
+        plan = {"format": FORMAT, "jit_compile": jit_compile, "steps_per_call": steps_per_call,
+                "reason": reason, "created": datetime.datetime.now().isoformat(timespec="seconds"),
+                "what": description}
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                json.dump(plan, f, indent=1, default=str)
+            os.replace(temporary, self._path(key))
+        except OSError as error:
+            # A read-only home or a full disk must not stop training.
+            logger.warning("could not write the plan cache in %s (%s)", self.folder, error)
+
+    def entries(self):
+        """[(key, plan)] of every readable entry, newest first."""
+        found = []
+        if not os.path.isdir(self.folder):
+            return found
+        for name in sorted(os.listdir(self.folder)):
+            if name.endswith(".json"):
+                plan = self.get(name[:-len(".json")])
+                if plan is not None:
+                    found.append((name[:-len(".json")], plan))
+        return sorted(found, key=lambda e: e[1].get("created", ""), reverse=True)
+
+    def clear(self):
+        """Removes every entry (and stray temporary files); returns how many plans went."""
+        if not os.path.isdir(self.folder):
+            return 0
+        removed = 0
+        for name in os.listdir(self.folder):
+            if name.endswith((".json", ".tmp")):
+                os.remove(os.path.join(self.folder, name))
+                removed += name.endswith(".json")
+        return removed
+
+
+def fingerprint(trainer, batch_size):
+    """(key, description): what decides the plan of `trainer` on batches of `batch_size`."""
+    import keras
+    import tensorflow as tf
+
+    import tapeworks
+
+    def model_summary(model):
+        return [[type(layer).__name__, [list(w.shape) for w in layer.weights],
+                 layer.dtype_policy.name, bool(layer.trainable)]
+                for layer in model._flatten_layers(include_self=False)]
+
+    spec = trainer._element_spec
+    what = {
+        "task": type(trainer.task).__name__,
+        "models": [[type(m).__name__, model_summary(m)] for m in trainer.task.models],
+        "updates": [[type(u.optimizer).__name__, u.every, len(u.variables())]
+                    for u in trainer.task.updates],
+        "batch": [batch_size, str(tf.nest.map_structure(
+            lambda s: f"{s.dtype.name}{s.shape.as_list()[1:]}", spec))],
+        "precision": trainer.precision.policy,
+        "accumulate": trainer.accumulate,
+        "clip": [trainer.clip_norm is not None, trainer.clip_value is not None],
+        "settings": [str(trainer._jit_setting), str(trainer._steps_setting),
+                     trainer.capture_every, trainer.run_eagerly],
+        "device": _device(),
+        "versions": [tf.__version__, keras.__version__, tapeworks.__version__],
+    }
+    text = json.dumps(what, sort_keys=True, default=str)
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    description = {"models": [m.name for m in trainer.task.models],
+                   "batch": what["batch"], "precision": what["precision"],
+                   "device": what["device"], "versions": what["versions"]}
+    return key, description
+
+
+def _device():
+    import tensorflow as tf
+
+    gpus = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(gpu)
+        gpus.append([details.get("device_name", gpu.name),
+                     str(details.get("compute_capability", ""))])
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpus": gpus,
+            "machine": platform.machine()}
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
