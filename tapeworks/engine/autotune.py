@@ -5,9 +5,8 @@ Nothing is guessed from the hardware, and measuring is only done where it can
 pay for itself:
 
 1. Start in the mode that is cheapest to start and already fast: `tf.function`
-   (no XLA compile). Its first call (one step on a batch drawn outside the
-   loop) and its first loop call are untimed: they trace, and their wall time
-   is what starting a mode costs. Then alternating timed calls of 1 and n
+   (no XLA compile). Its first loop call is untimed: it traces, and its wall
+   time is what starting a mode costs. Then alternating timed calls of 1 and n
    steps give `seconds(n) = overhead + n * step` and the steps per call that
    put the overhead under 0.5% of a call.
 2. An XLA mode ("update": XLA for the optimizer update alone; True: the whole
@@ -35,9 +34,12 @@ XLA (see `Trainer._run_first_step`).
 Measured on this project's 2-core CPU (first call / first loop call / step):
 a digits CNN under tf.function 0.24 s / 0.41 s / 1.67 ms, with an XLA-fused
 update 0.65 s / 0.30 s / 2.00 ms, under XLA 0.93 s / 1.26 s / 1.71 ms; a small
-MLP 0.22 / 0.32 s, 0.47 / 0.26 s and 0.74 / 0.92 s. Starting "update" cost
-about 1.5x tf.function's start and XLA about 3.5x; `XLA_START_RATIO` rounds
-those up.
+MLP 0.22 / 0.32 s, 0.47 / 0.26 s and 0.74 / 0.92 s. Starting "update" (its
+first step and first loop call) cost about 2.3x tf.function's first loop
+call and XLA about 5.3x; `XLA_START_RATIO` rounds those up. The first run of
+`bench wallclock` also showed that a tf.function start with a separate
+first step cost one more trace than a fixed mode (0.27 s of 2.6 s on the
+digits CNN): tf.function now starts with its loop call.
 """
 
 import dataclasses
@@ -56,7 +58,7 @@ OVERHEAD_SHARE = 0.005   # target share of a call spent on per-call overhead (at
 MAX_STEPS_PER_CALL = 256
 MAX_SECONDS_PER_CALL = 1.0
 MAX_RETRIES = 2          # a timed call cut short (end of data) is run again
-XLA_START_RATIO = {"update": 2.0, True: 4.0}   # start cost / tf.function's (measured 1.5, 3.5)
+XLA_START_RATIO = {"update": 3.0, True: 6.0}   # start cost / tf.function's (measured 2.3, 5.3)
 XLA_BEST_SAVING = 0.5    # the most of tf.function's step time an XLA mode is expected to
                          # save (measured here: 21% on the large MLP, 32% for a bfloat16
                          # update)
@@ -277,7 +279,15 @@ class CallPlanner:
     # Schedule -----------------------------------------------------------
 
     def _start_schedule(self, mode):
-        """A mode's untimed first step and first loop call; its timed rounds follow."""
+        """A mode's untimed start; its timed rounds follow.
+
+        An XLA mode starts with one step on a batch drawn outside the loop
+        (an XLA compile failure then loses no data), then its first loop call.
+        tf.function cannot fail that way: it starts with the loop call alone,
+        so it traces once, as a fixed mode would.
+        """
+        if mode is False:
+            return [Probe(mode, 1, WARM)]
         return [Probe(mode, 1, FIRST), Probe(mode, 1, WARM)]
 
     def _timed_rounds(self, mode):
@@ -336,12 +346,9 @@ class CallPlanner:
         baseline = self._estimate(False)
         if self.remaining_steps is None or baseline is None:
             return True
-        # tf.function's start measured both parts: the first loop call costs
-        # about this many times the first step.
-        start, warm = self._start_seconds.get(False), self._warm_seconds.get(False)
-        first = start - warm if start and warm else None
-        loop_per_first = warm / first if first and first > 0 else 1.0
-        still_to_pay = first_seconds * max(loop_per_first, 0.5)
+        # The first loop call costs about as much again as the first step
+        # (measured 0.5x to 1.4x; see the module docstring).
+        still_to_pay = first_seconds
         step = baseline[0] * self._reference_batch
         gain = max(self.remaining_steps, self.steps_trained, 0) * step * XLA_BEST_SAVING
         return gain > still_to_pay

@@ -63,6 +63,7 @@ class PreparedData:
     reusable: bool = True
     arrays: tuple = None
     name: str = "x"
+    batch_size: int = None
     _adapter: object = None
 
     def on_epoch_begin(self):
@@ -126,7 +127,8 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
         dataset = x
         if class_weight is not None:
             dataset = dataset.map(make_class_weight_map_fn(class_weight))
-        prepared = PreparedData(dataset, DATASET, cardinality(dataset), name=name)
+        prepared = PreparedData(dataset, DATASET, cardinality(dataset), name=name,
+                                batch_size=_static_batch(dataset))
     elif isinstance(x, PyDataset):
         _no_separate_targets(y, sample_weight, PYDATASET, name)
         adapter = PyDatasetAdapter(x, class_weight=class_weight, shuffle=bool(shuffle))
@@ -254,7 +256,7 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
     # slows compute-bound steps on small CPU machines (see the function).
     dataset = without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
     return PreparedData(dataset, ARRAYS, math.ceil(num_samples / batch_size), arrays=arrays,
-                        name=name)
+                        name=name, batch_size=min(batch_size, num_samples))
 
 
 def _as_sliceable(value):
@@ -295,6 +297,14 @@ def cardinality(dataset):
     """Batches in one pass of `dataset`, or None when unknown or infinite."""
     count = int(dataset.cardinality())
     return count if count > 0 else None
+
+
+def _static_batch(dataset):
+    """The batch size a dataset's element spec fixes (drop_remainder=True), or None."""
+    flat = [s for s in tf.nest.flatten(dataset.element_spec) if isinstance(s, tf.TensorSpec)]
+    if flat and flat[0].shape.rank:
+        return flat[0].shape[0]
+    return None
 
 
 def _type_name(value):

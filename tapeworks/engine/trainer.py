@@ -328,6 +328,8 @@ class Trainer:
                 "generator endless and set `steps_per_epoch`.")
         self._build(train.dataset.element_spec)
         self._ensure_planner()
+        if train.batch_size and self._plan_key is None:
+            self._use_plan_cache(train.batch_size)
         steps_known = train.steps
         if steps_known:
             self._planner.limit_steps(max(1, steps_known // 2))
@@ -441,7 +443,8 @@ class Trainer:
             batches.consumed(ran)
             if ran:
                 self._planner.record(probe, num_steps, ran, samples, seconds)
-                if probe.first and self._plan_key is None:
+                if self._plan_key is None:
+                    # The batch size was not known before: now it is.
                     self._use_plan_cache(samples // ran)
                 self._deliver_capture(callback_list)
                 steps_done += ran
