@@ -56,7 +56,8 @@ def warn(message, category):
     import warnings
 
     package = os.path.dirname(os.path.abspath(__file__))
-    level, frame = 1, sys._getframe(1)
+    # stacklevel 1 is this function's own line; 2 its caller, and so on.
+    level, frame = 2, sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         level += 1
         frame = frame.f_back

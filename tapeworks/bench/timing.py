@@ -58,16 +58,21 @@ def median_seconds(fn, repeats, warmups=1):
     return statistics.median(times)
 
 
-def settle_trainer(trainer, dataset, min_epochs=30, max_epochs=60):
+def settle_trainer(trainer, dataset, long_fit_seconds=20.0, max_epochs=60):
     """Warm-up of a tapeworks approach: fit until "auto" has chosen (it measures real calls).
 
-    Returns notes for the report: the choice and the epochs it took.
+    One epoch first, then one long fit of about `long_fit_seconds`: "auto"
+    weighs what measuring can win against the work left in a fit, as in a
+    user's long run. Then epoch-long fits until it has chosen and has no XLA
+    mode left waiting to be tried (it reopens measuring as training
+    accumulates). Returns notes for the report: the choice and the epochs.
     """
-    # One long fit first: "auto" weighs what measuring can win against the
-    # work left in the fit, as in a user's long run; then epoch-long fits
-    # until it has chosen (it may reopen measuring as training accumulates).
-    trainer.fit(dataset, epochs=min_epochs, verbose=0)
-    epochs = min_epochs
+    start = time.perf_counter()
+    trainer.fit(dataset, verbose=0)
+    first = time.perf_counter() - start
+    long_fit = int(max(1, min(max_epochs // 2, long_fit_seconds / max(first, 1e-3))))
+    trainer.fit(dataset, epochs=long_fit, verbose=0)
+    epochs = 1 + long_fit
     while (trainer.tuning["jit_compile"] is None or trainer.tuning["waiting_to_try"]) \
             and epochs < max_epochs:
         trainer.fit(dataset, verbose=0)

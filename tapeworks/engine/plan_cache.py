@@ -133,7 +133,7 @@ def fingerprint(trainer, batch_size):
         "accumulate": trainer.accumulate,
         "clip": [trainer.clip_norm is not None, trainer.clip_value is not None],
         "settings": [str(trainer._jit_setting), str(trainer._steps_setting),
-                     trainer.capture_every, trainer.run_eagerly],
+                     trainer.capture_every, trainer.run_eagerly, trainer.deterministic],
         "device": _device(),
         "versions": [tf.__version__, keras.__version__, tapeworks.__version__],
     }

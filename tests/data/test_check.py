@@ -89,6 +89,9 @@ def test_trainer_reports_findings_at_the_start_of_fit_as_warnings_once_per_datas
     assert categories == [tapeworks.CorrectnessWarning, tapeworks.PerformanceWarning,
                           tapeworks.PerformanceWarning]
     assert [f.code for f in trainer.data_findings] == ["TD006", "TD001", "TD005"]
+    # Attributed to the user's line (the fit call here), not to tapeworks' code.
+    assert {w.filename for w in caught
+            if issubclass(w.category, tapeworks.TapeworksWarning)} == {__file__}
     quiet = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, check_data=False)
     quiet.fit(bad, verbose=0)
     assert quiet.data_findings == []
