@@ -186,11 +186,16 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
 
 
 def _declared_inputs(model):
+    return _declared(model, "inputs")
+
+
+def _declared(model, which):
+    """`model.inputs` / `model.outputs` as a list, or None when the model declares none."""
     try:
-        inputs = model.inputs
+        tensors = getattr(model, which)
     except (AttributeError, ValueError):
         return None
-    return list(inputs) if inputs else None
+    return list(tensors) if tensors else None
 
 
 def _kind(dtype):
@@ -354,11 +359,7 @@ def _loss_kind(loss):
 
 
 def _declared_outputs(model):
-    try:
-        outputs = model.outputs
-    except (AttributeError, ValueError):
-        return None
-    return list(outputs) if outputs else None
+    return _declared(model, "outputs")
 
 
 def _shape(dims):

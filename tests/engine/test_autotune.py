@@ -14,11 +14,12 @@ from tests.engine import models
 BATCH = 64
 
 
-def drive(planner, cost, calls=200, epoch_steps=None, remaining=10**7):
+def drive(planner, cost, calls=200, epoch_steps=None, remaining=10**7, with_kind=False):
     """Runs the planner against a cost model; returns the probes it asked for.
 
-    `cost(jit, steps)` is the fake clock: the seconds a call takes. `remaining`
-    is the work left in the fit, as the Trainer would tell it.
+    `cost(jit, steps)` (or `cost(jit, steps, kind)` with `with_kind`) is the
+    fake clock: the seconds a call takes. `remaining` is the work left in the
+    fit, as the Trainer would tell it.
     """
     asked = []
     for _ in range(calls):
@@ -28,7 +29,8 @@ def drive(planner, cost, calls=200, epoch_steps=None, remaining=10**7):
         probe = planner.next_call()
         asked.append(probe)
         steps = probe.steps if epoch_steps is None else min(probe.steps, epoch_steps)
-        planner.record(probe, probe.steps, steps, steps * BATCH, cost(probe.jit, steps))
+        seconds = cost(probe.jit, steps, probe.kind) if with_kind else cost(probe.jit, steps)
+        planner.record(probe, probe.steps, steps, steps * BATCH, seconds)
     return asked
 
 
@@ -140,16 +142,7 @@ def steady_cost(first=0.3, warm=0.3, step=0.002, overhead=0.001, xla_step=0.001,
 
 
 def drive_kinds(planner, cost, remaining, calls=400):
-    asked = []
-    for _ in range(calls):
-        if not planner.tuning:
-            break
-        planner.remaining_steps = remaining
-        probe = planner.next_call()
-        asked.append(probe)
-        planner.record(probe, probe.steps, probe.steps, probe.steps * BATCH,
-                       cost(probe.jit, probe.steps, probe.kind))
-    return asked
+    return drive(planner, cost, calls=calls, remaining=remaining, with_kind=True)
 
 
 def test_xla_is_never_tried_when_the_remaining_work_cannot_repay_its_start():
