@@ -641,9 +641,9 @@ class Trainer:
         self._built_data(x, y, sample_weight, batch_size)
         return self
 
-    def _built_data(self, x, y=None, sample_weight=None, batch_size=None):
+    def _built_data(self, x, y=None, sample_weight=None, batch_size=None, steps=None):
         """`x` as checked `PreparedData`, with every variable created for its batches."""
-        prepared = self._data.prepare(x, y, sample_weight, batch_size=batch_size,
+        prepared = self._data.prepare(x, y, sample_weight, batch_size=batch_size, steps=steps,
                                       purpose="evaluate")
         self._build(prepared.dataset.element_spec)
         return prepared
@@ -673,20 +673,13 @@ class Trainer:
             raise ConfigError(f"Arguments not recognized by evaluate: {sorted(kwargs)}. "
                               "Expected Keras' evaluate arguments.")
         self.task.check_unchanged()
-        prepared = self._built_data(x, y, sample_weight, batch_size) if steps is None else \
-            self._built_steps(x, y, sample_weight, batch_size, steps)
+        prepared = self._built_data(x, y, sample_weight, batch_size, steps)
         verbose = resolve_verbose(verbose)
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
             steps=prepared.steps, model=self.model)
         logs = self._evaluate_dataset(prepared, callback_list)
         return logs if return_dict else self._flatten_logs(logs)
-
-    def _built_steps(self, x, y, sample_weight, batch_size, steps):
-        prepared = self._data.prepare(x, y, sample_weight, batch_size=batch_size, steps=steps,
-                                      purpose="evaluate")
-        self._build(prepared.dataset.element_spec)
-        return prepared
 
     def _flatten_logs(self, logs):
         if isinstance(self.task, task_lib.SupervisedTask):
