@@ -342,7 +342,7 @@ class CallPlanner:
                     f"{remaining_time:.2f} s)")
 
     def _still_worth_it(self, mode, first_seconds):
-        """After an XLA mode's first call: can the rest of its start (the loop's compile) still pay?"""
+        """After an XLA mode's first call: can the rest of its start (its loop) still pay?"""
         baseline = self._estimate(False)
         if self.remaining_steps is None or baseline is None:
             return True

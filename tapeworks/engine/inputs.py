@@ -120,7 +120,8 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
     if class_weight is not None and not isinstance(class_weight, dict):
         raise ConfigError(
             "`class_weight` must be a dict {class id: weight}. Received: "
-            f"class_weight={type(class_weight).__name__}. Fix: e.g. class_weight={{0: 1.0, 1: 5.0}}.")
+            f"class_weight={type(class_weight).__name__}. Fix: e.g. "
+            "class_weight={0: 1.0, 1: 5.0}.")
 
     if isinstance(x, tf.data.Dataset):
         _no_separate_targets(y, sample_weight, DATASET, name)
@@ -190,6 +191,40 @@ def unpack_validation_data(validation_data):
             f"{len(validation_data)} item(s). Expected (x_val, y_val) or (x_val, y_val, "
             "sample_weight_val), or a tf.data.Dataset / PyDataset / generator.")
     return validation_data, None, None
+
+
+class EpochBatches:
+    """The training iterator across epochs.
+
+    A new iterator every epoch; with `steps_per_epoch` it carries over
+    between epochs and restarts when the data runs out. When the number of
+    batches is known, a used-up iterator is replaced before the next call,
+    so no batch hook fires for a call that would find no data.
+    """
+
+    def __init__(self, prepared, steps_per_epoch):
+        self.prepared = prepared
+        self.steps_per_epoch = steps_per_epoch
+        self._batches = cardinality(prepared.dataset)
+        self._iterator = None
+        self._used = 0
+
+    def start_epoch(self):
+        if self._iterator is None or self.steps_per_epoch is None:
+            self.restart()
+
+    def restart(self):
+        self._iterator = iter(self.prepared.dataset)
+        self._used = 0
+
+    def iterator(self):
+        if (self.steps_per_epoch is not None and self._batches
+                and self._used >= self._batches and self.prepared.reusable):
+            self.restart()
+        return self._iterator
+
+    def consumed(self, batches):
+        self._used += batches
 
 
 def batch_size_of(x):

@@ -73,22 +73,3 @@ class EpochProgress:
         """The epoch's last line, with what the callbacks added to `logs` at epoch end."""
         self.update(steps_done, samples_done, logs, self._bar.status if self._bar else None,
                     finalize=True)
-
-
-class EpochEndLine(keras.callbacks.Callback):
-    """Writes each epoch's last progress line, from the logs the callbacks see.
-
-    Keras' CallbackList hands callbacks a copy of the epoch logs; callbacks
-    such as ReduceLROnPlateau add to that copy (`learning_rate`). Placed
-    last in the list, as Keras places its ProgbarLogger, this callback shows
-    what they added.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.progress = None
-        self.steps = self.samples = 0
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.progress is not None:
-            self.progress.finish(self.steps, self.samples, logs or {})

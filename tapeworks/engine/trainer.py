@@ -17,16 +17,16 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.utils.python_utils import is_default
 
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import sources
-from tapeworks.engine import autotune, data_stage, guards, inputs, step
+from tapeworks.engine import autotune, callback_bridge, data_stage, guards, inputs, step
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
 from tapeworks.engine import precision as precision_lib
-from tapeworks.engine.progress import EpochEndLine, EpochProgress, resolve_verbose
+from tapeworks.engine.callback_bridge import EpochEndLine
+from tapeworks.engine.progress import EpochProgress, resolve_verbose
 from tapeworks.errors import ConfigError, DataSpecError
 
 logger = logging.getLogger("tapeworks")
@@ -345,7 +345,7 @@ class Trainer:
         # Keras' BackupAndRestore sets `_initial_epoch` in on_train_begin when it
         # restored a backup; Keras' own loop starts there, and so does this one.
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
-        batches = _EpochBatches(train, steps_per_epoch)
+        batches = inputs.EpochBatches(train, steps_per_epoch)
         training_logs = None
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
@@ -477,7 +477,7 @@ class Trainer:
             ran, samples, logs = loop(iterator, tf.constant(num_steps, tf.int64))
         # Reading the results is the call's one host sync.
         ran, samples = int(ran), int(samples)
-        return ran, samples, _python_logs(logs), time.perf_counter() - start
+        return ran, samples, callback_bridge.python_logs(logs), time.perf_counter() - start
 
     def _run_first_step(self, jit, iterator):
         """A mode's first (untimed) call while tuning: one step on a batch drawn here.
@@ -508,7 +508,7 @@ class Trainer:
                 self._planner.drop_xla(error, jit)
                 samples = one_step(False)
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
-            logs = _python_logs(self._results())
+            logs = callback_bridge.python_logs(self._results())
         return 1, int(samples), logs, time.perf_counter() - start
 
     def diagnose_input(self, data, batches=30, batch_size=None):
@@ -581,7 +581,7 @@ class Trainer:
                 f"from the plan cache ({plan['reason']})"))
 
     def _announce_choice_once(self, verbose):
-        """Says what "auto" chose, once per choice (a line at verbose >= 1, and the log); stores it."""
+        """Says what "auto" chose, once per choice (printed at verbose >= 1, logged); stores it."""
         choice = self._planner.choice
         if choice is None or choice is self._announced:
             return
@@ -697,7 +697,8 @@ class Trainer:
         `model.evaluate` with its default of one step per execution.
         """
         self._reset_metrics()
-        per_call = 1 if _wants_batch_hooks(callback_list, "test") else EVAL_STEPS_PER_CALL
+        hooks = callback_bridge.wants_batch_hooks(callback_list, "test")
+        per_call = 1 if hooks else EVAL_STEPS_PER_CALL
         loop = self._loop("test", self._inference_jit())
         callback_list.on_test_begin()
         prepared.on_epoch_begin()
@@ -711,7 +712,7 @@ class Trainer:
             if ran:
                 callback_list.on_test_batch_begin(steps)
                 steps += ran
-                logs = _python_logs(call_logs)
+                logs = callback_bridge.python_logs(call_logs)
                 callback_list.on_test_batch_end(steps - 1, logs)
             if ran < per_call:
                 break
@@ -731,7 +732,8 @@ class Trainer:
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
             steps=prepared.steps, model=self.model)
-        per_call = 1 if _wants_batch_hooks(callback_list, "predict") else EVAL_STEPS_PER_CALL
+        hooks = callback_bridge.wants_batch_hooks(callback_list, "predict")
+        per_call = 1 if hooks else EVAL_STEPS_PER_CALL
         loop = self._predict_loop(prepared.dataset.element_spec)
         callback_list.on_predict_begin()
         prepared.on_epoch_begin()
@@ -918,61 +920,6 @@ def _xla_failure(error):
         return f"no XLA kernel for {ops[0]}"
     lines = [line for line in str(error).splitlines() if line.strip()]
     return lines[0][:160] if lines else type(error).__name__
-
-
-class _EpochBatches:
-    """The training iterator across epochs.
-
-    A new iterator every epoch; with `steps_per_epoch` it carries over
-    between epochs and restarts when the data runs out. When the number of
-    batches is known, a used-up iterator is replaced before the next call,
-    so no batch hook fires for a call that would find no data.
-    """
-
-    def __init__(self, prepared, steps_per_epoch):
-        self.prepared = prepared
-        self.steps_per_epoch = steps_per_epoch
-        self._batches = inputs.cardinality(prepared.dataset)
-        self._iterator = None
-        self._used = 0
-
-    def start_epoch(self):
-        if self._iterator is None or self.steps_per_epoch is None:
-            self.restart()
-
-    def restart(self):
-        self._iterator = iter(self.prepared.dataset)
-        self._used = 0
-
-    def iterator(self):
-        if (self.steps_per_epoch is not None and self._batches
-                and self._used >= self._batches and self.prepared.reusable):
-            self.restart()
-        return self._iterator
-
-    def consumed(self, batches):
-        self._used += batches
-
-
-def _python_logs(logs):
-    """Log tensors as Python floats; a metric whose result is an array stays a NumPy array."""
-    values = {}
-    for name, value in logs.items():
-        value = np.asarray(value)
-        values[name] = float(value) if value.ndim == 0 else value
-    return values
-
-
-def _wants_batch_hooks(callback_list, kind):
-    """True when a callback other than Keras' progress bar implements `kind`'s batch hooks."""
-    for callback in callback_list.callbacks:
-        if isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.History)):
-            continue
-        for hook in (f"on_{kind}_batch_begin", f"on_{kind}_batch_end"):
-            method = getattr(callback, hook, None)
-            if method is not None and not is_default(method):
-                return True
-    return False
 
 
 def _zeros_like(spec):

@@ -45,7 +45,6 @@ SWEEP = [(False, 1), (False, 32), ("update", 32), (True, 1), (True, 32)]
 
 def _model_and_data(name, quick):
     import keras
-    import numpy as np
 
     keras.utils.set_random_seed(0)
     if name == "digits CNN":
@@ -182,7 +181,8 @@ def run(quick=False, repeats=3):
         "chart": {"group": "model", "bar": "label", "value": "keras_default_over_this",
                   "label": "Keras default fit's time / this approach's time"},
         "facts": {"models": ", ".join(models), "epochs": ", ".join(map(str, lengths)),
-                  "what a cell is": (f"Each cell: median of {repeats} fresh processes; time of fit() alone "
+                  "what a cell is": (f"Each cell: median of {repeats} fresh processes; time "
+                                     "of fit() alone "
                   "(Trainer creation, tracing, compiling and measuring included; imports and "
                   "data excluded). The best fixed mode comes from a sweep of "
                   f"{SWEEP} at {max(lengths)} epochs, one process each.")},
