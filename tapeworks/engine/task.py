@@ -45,7 +45,7 @@ import tensorflow as tf
 from tapeworks.engine import guards
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.inputs import batch_size_of
-from tapeworks.errors import ConfigError
+from tapeworks.errors import ConfigError, DataSpecError
 
 
 @dataclasses.dataclass
@@ -332,6 +332,11 @@ class SupervisedTask(Task):
 
     def check_data(self, element_spec, name, needs_targets=True, arrays=None):
         if arrays is not None:
+            if needs_targets and arrays[1] is None:
+                raise DataSpecError(
+                    f"`{name}` was given as arrays without targets. Expected `y` for a "
+                    f"supervised model. Fix: pass them, e.g. `fit(x, y, ...)` (or a "
+                    "dataset of (x, y) batches).")
             guards.check_array_inputs(arrays[0], self.network, name=name)
         guards.check_data_spec(element_spec, self.network, needs_targets=needs_targets,
                                name=name)

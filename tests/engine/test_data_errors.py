@@ -143,3 +143,8 @@ def test_batch_size_with_a_dataset_is_ignored_with_a_warning():
     dataset = tf.data.Dataset.from_tensor_slices((X, LABELS)).batch(4)
     with pytest.warns(tapeworks.CorrectnessWarning, match="batch_size=8. is ignored"):
         tapeworks.Trainer(classifier(), jit_compile=False).fit(dataset, batch_size=8, verbose=0)
+
+
+def test_arrays_without_targets():
+    raises_and_keeps_weights(classifier(), DataSpecError, "without targets.*fit\\(x, y",
+                             lambda t: t.fit(X, verbose=0))
