@@ -258,8 +258,7 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
         sample_weight = data_adapter_utils.class_weight_to_sample_weights(
             tf.nest.flatten(y)[0], class_weight)
     arrays = (x, y, sample_weight)
-    lengths = {int(np.shape(v)[0]) if np.ndim(v) else -1
-               for v in tf.nest.flatten(arrays) if v is not None}
+    lengths = {_length(v) for v in tf.nest.flatten(arrays) if v is not None}
     if -1 in lengths:
         raise DataSpecError(
             f"`{name}` holds a scalar where arrays of samples were expected. Expected arrays "
@@ -294,6 +293,13 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
                         name=name, batch_size=min(batch_size, num_samples))
 
 
+def _length(value):
+    """Samples along the first axis (-1 for a scalar); ragged tensors included."""
+    if isinstance(value, tf.RaggedTensor):
+        return int(value.nrows())
+    return int(np.shape(value)[0]) if np.ndim(value) else -1
+
+
 def _as_sliceable(value):
     """Lists become tuples (several inputs, not one stacked array); pandas becomes NumPy."""
     if value is None:
@@ -301,11 +307,12 @@ def _as_sliceable(value):
     if isinstance(value, list):
         value = tuple(value)
     return tf.nest.map_structure(
-        lambda v: v if isinstance(v, (np.ndarray, tf.Tensor)) else np.asarray(v), value)
+        lambda v: v if isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor))
+        else np.asarray(v), value)
 
 
 def _is_array(value):
-    return isinstance(value, (np.ndarray, tf.Tensor)) or (
+    return isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor)) or (
         hasattr(value, "__array__") and not isinstance(value, (str, bytes)))
 
 
