@@ -404,7 +404,12 @@ class _Checker(ast.NodeVisitor):
         if self.tapes:
             if attr in KERAS_LOOPS_IN_TAPE or (attr == "numpy" and not node.args):
                 self.report(node, "TW101", call=f".{attr}()")
-            elif self._is_model_call(node) and not _has_keyword(node, "training"):
+            elif self._is_model_call(node) and not _has_keyword(node, "training") and any(
+                    not isinstance(t, ast.FunctionDef) for t in self.tapes):
+                # Only under an explicit tape: inside a train_step/compute_loss the
+                # model's output is usually computed already, and the helpers called
+                # there (label encoders, metrics) rarely depend on `training`
+                # (keras-hub's RetinaNet label encoder was a false positive).
                 self.report(node, "TW104", call=f"{dotted(node.func)}(...)")
         elif attr in ("predict", "predict_on_batch") and self._in_training_loop():
             self.report(node, "TW102", call=f"{dotted(node.func) or attr}()")

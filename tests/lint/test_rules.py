@@ -401,3 +401,14 @@ def test_predict_in_a_method_that_runs_under_the_loops_tape(method):
         """
     assert codes(source) == ["TW101"]
     assert codes(source.replace(f"def {method}", "def helper")) == []
+
+
+def test_helpers_called_in_compute_loss_are_not_asked_for_training():
+    # keras-hub's RetinaNet calls its label encoder in compute_loss: not a model call to flag.
+    source = """
+        class Detector(keras.Model):
+            def compute_loss(self, x, y, y_pred, sample_weight):
+                boxes, labels = self.label_encoder(images=x, gt_boxes=y)
+                return self.box_loss(boxes, y_pred)
+        """
+    assert codes(source) == []
