@@ -28,6 +28,7 @@ import itertools
 import math
 import types
 
+import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
@@ -114,7 +115,7 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
     """
     if purpose != "predict" and y is None and sample_weight is None and _is_legacy_tuple(x):
         # tapeworks' original `fit((x, y))`: still accepted.
-        x, y, sample_weight = (tuple(x) + (None,))[:3]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x)
     if steps is not None and not (isinstance(steps, int) and steps >= 1):
         raise ConfigError(f"`steps` must be None or an integer >= 1. Received: steps={steps!r}")
     if class_weight is not None and not isinstance(class_weight, dict):
@@ -168,7 +169,7 @@ def split_validation(x, y, sample_weight, validation_split):
         raise ConfigError("`validation_split` must be a number in [0, 1). Received: "
                           f"validation_split={validation_split!r}")
     if y is None and sample_weight is None and _is_legacy_tuple(x):
-        x, y, sample_weight = (tuple(x) + (None,))[:3]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(x)
     if not _all_arrays((x, y, sample_weight)):
         raise ConfigError(
             "`validation_split` only works with arrays or tensors (as in Keras): the last "
@@ -184,7 +185,7 @@ def split_validation(x, y, sample_weight, validation_split):
 def unpack_validation_data(validation_data):
     """(x, y, sample_weight) from `validation_data`, as Keras reads it."""
     if isinstance(validation_data, (tuple, list)) and _is_legacy_tuple(tuple(validation_data)):
-        return (tuple(validation_data) + (None,))[:3]
+        return keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
     if isinstance(validation_data, (tuple, list)):
         raise ConfigError(
             f"`validation_data` is a {type(validation_data).__name__} of "

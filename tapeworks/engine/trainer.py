@@ -443,7 +443,7 @@ class Trainer:
             batches.consumed(ran)
             if ran:
                 self._planner.record(probe, num_steps, ran, samples, seconds)
-                if self._plan_key is None:
+                if self._plan_cache is not None and self._plan_key is None:
                     # The batch size was not known before: now it is.
                     self._use_plan_cache(samples // ran)
                 self._deliver_capture(callback_list)
