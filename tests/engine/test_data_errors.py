@@ -148,3 +148,25 @@ def test_batch_size_with_a_dataset_is_ignored_with_a_warning():
 def test_arrays_without_targets():
     raises_and_keeps_weights(classifier(), DataSpecError, "without targets.*fit\\(x, y",
                              lambda t: t.fit(X, verbose=0))
+
+
+def _dataset():
+    return tf.data.Dataset.from_tensor_slices((X, LABELS)).batch(4)
+
+
+def _batches():
+    yield X[:4], LABELS[:4]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t: t.evaluate(X, LABELS, steps=0, verbose=0), r"`steps` must be None or an integer"),
+    (lambda t: t.fit(X, LABELS, class_weight=[1.0, 2.0], verbose=0), r"must be a dict.*Fix"),
+    (lambda t: t.fit(_dataset(), LABELS, verbose=0), r"`y` was given but .* Fix: yield"),
+    (lambda t: t.fit(_batches(), class_weight={0: 2.0}, verbose=0), r"not supported for a generator"),
+    (lambda t: t.fit("data.csv", verbose=0), r"cannot read: str.*Expected NumPy"),
+    (lambda t: t.fit(X, LABELS, shuffle="sometimes", verbose=0), r"`shuffle` must be"),
+    (lambda t: t.fit(X, LABELS, validation_data=(X,), verbose=0), r"Expected \(x_val, y_val\)"),
+    (lambda t: t.fit(X, LABELS, validation_freq=0, verbose=0), r"`validation_freq` must be"),
+])
+def test_argument_mistakes_are_explained_before_training(call, match):
+    raises_and_keeps_weights(classifier(), ConfigError, match, call)
