@@ -27,22 +27,28 @@ class Approach:
 
 
 def alternate(approaches, repeats):
-    """Returns {name: {"samples_per_s": median, "runs": [...], "notes": {...}}}."""
+    """Returns {name: {"samples_per_s": median, "runs": [...], "notes": {...}, ...}}.
+
+    Also "cpu_seconds_per_sample": the median of the process CPU time (all
+    threads) per sample, the cost a bound of shared cores is made of.
+    """
     results = {}
     for approach in approaches:
         notes = approach.setup() if approach.setup else None
         for _ in range(approach.warmups):
             approach.run()
-        results[approach.name] = {"runs": [], "notes": notes or {}}
+        results[approach.name] = {"runs": [], "cpu": [], "notes": notes or {}}
     for round_index in range(repeats):
         shift = round_index % len(approaches)
         for approach in approaches[shift:] + approaches[:shift]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             samples = approach.run()
             seconds = time.perf_counter() - start
             results[approach.name]["runs"].append(samples / seconds)
+            results[approach.name]["cpu"].append((time.process_time() - cpu_start) / samples)
     for result in results.values():
         result["samples_per_s"] = statistics.median(result["runs"])
+        result["cpu_seconds_per_sample"] = statistics.median(result.pop("cpu"))
     return results
 
 
@@ -61,6 +67,8 @@ def median_seconds(fn, repeats, warmups=1):
 def settle_trainer(trainer, dataset, long_fit_seconds=20.0, max_epochs=60):
     """Warm-up of a tapeworks approach: fit until "auto" has chosen (it measures real calls).
 
+    "Chosen" includes how a `tapeworks.data.pipeline` runs (`input_planner`).
+
     One epoch first, then one long fit of about `long_fit_seconds`: "auto"
     weighs what measuring can win against the work left in a fit, as in a
     user's long run. Then epoch-long fits until it has chosen and has no XLA
@@ -73,9 +81,12 @@ def settle_trainer(trainer, dataset, long_fit_seconds=20.0, max_epochs=60):
     long_fit = int(max(1, min(max_epochs // 2, long_fit_seconds / max(first, 1e-3))))
     trainer.fit(dataset, epochs=long_fit, verbose=0)
     epochs = 1 + long_fit
-    while (trainer.tuning["jit_compile"] is None or trainer.tuning["waiting_to_try"]) \
-            and epochs < max_epochs:
+    while (trainer.tuning["jit_compile"] is None or trainer.tuning["waiting_to_try"]
+           or (trainer.tuning["input"] or {}).get("tuning")) and epochs < max_epochs:
         trainer.fit(dataset, verbose=0)
         epochs += 1
-    return {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call,
-            "tuning_epochs": epochs}
+    notes = {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call,
+             "tuning_epochs": epochs}
+    if trainer.tuning["input"]:
+        notes["input"] = trainer.tuning["input"]["in_use"]
+    return notes

@@ -8,10 +8,17 @@ shuffle comes after the cache, because a cache placed after a shuffle replays
 the first epoch's order in every epoch; random augmentation comes after the
 cache, because a cache after it would replay the first epoch's "random"
 images. With `training=False` the same call gives the evaluation pipeline: no
-shuffle, no augmentation. Parallelism is tf.data's AUTOTUNE throughout.
+shuffle, no augmentation.
+
+Parallelism is tf.data's AUTOTUNE throughout, and the `Trainer` chooses how
+it runs by measurement (`PARALLELISM`, `parallelism_choices`): tf.data's
+autotuning model sizes its thread pools as if the pipeline had the machine to
+itself, which costs throughput where the training step shares the same CPU
+cores (`tapeworks bench input`, benchmarks/input.md).
 """
 
 import inspect
+import weakref
 
 import tensorflow as tf
 
@@ -19,6 +26,29 @@ from tapeworks.errors import ConfigError
 
 AUTOTUNE = tf.data.AUTOTUNE
 DEFAULT_SHUFFLE_BUFFER = 10_000
+
+# How a built pipeline may run, as `tf.data.Options` set on it: the pipeline as
+# built first (tf.data's autotuning model on). All run the same stages on the
+# same shuffle state (`with_options` copies share it), so each yields the same
+# elements in the same order; only the speed differs. Which is fastest depends
+# on the machine and on what else runs on its cores: the Trainer measures
+# them on epochs that train anyway (`tapeworks.engine.input_planner`).
+PARALLELISM = (
+    ("tf.data autotune", {}),
+    # The model off: AUTOTUNE stages run at tf.data's fixed default
+    # parallelism, with no modelling thread timing every element.
+    ("fixed parallelism", {"autotune.enabled": False}),
+    # ... and each op single-threaded, leaving the intra-op pool to the step.
+    ("fixed parallelism, single-threaded ops",
+     {"autotune.enabled": False, "threading.max_intra_op_parallelism": 1}),
+    # The sequential pipeline, overlapped with the step: one thread for all of it.
+    ("sequential (one thread)",
+     {"autotune.enabled": False, "threading.private_threadpool_size": 1}),
+)
+
+# The datasets `pipeline()` returned (weakly held): the ones whose options
+# tapeworks may set, since it made them and knows they set none of their own.
+_BUILT = weakref.WeakSet()
 
 
 def pipeline(source, *, batch_size, training, map=None, augment=None, batch_augment=None,
@@ -84,7 +114,32 @@ def pipeline(source, *, batch_size, training, map=None, augment=None, batch_augm
                             num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     if training and batch_augment is not None:
         dataset = dataset.map(batch_augment, **parallel)
-    return dataset.prefetch(AUTOTUNE)
+    dataset = dataset.prefetch(AUTOTUNE)
+    _BUILT.add(dataset)
+    return dataset
+
+
+def is_built(dataset):
+    """Whether `pipeline()` returned `dataset` (not a dataset derived from it later).
+
+    Only those get their options chosen: a user's own stages after it (a
+    `.take()`, a `.map()`) may rely on options of their own.
+    """
+    return isinstance(dataset, tf.data.Dataset) and dataset in _BUILT
+
+
+def parallelism_choices(dataset):
+    """[(name, dataset with those options)] for each way in `PARALLELISM`; the first is `dataset`."""
+    return [(name, _with_settings(dataset, settings) if settings else dataset)
+            for name, settings in PARALLELISM]
+
+
+def _with_settings(dataset, settings):
+    options = tf.data.Options()
+    for path, value in settings.items():
+        group, name = path.split(".")
+        setattr(getattr(options, group), name, value)
+    return dataset.with_options(options)
 
 
 def _from_arrays(source):

@@ -77,7 +77,11 @@ class DataStage:
                  "batch_size.", CorrectnessWarning)
         findings = []
         if isinstance(x, tf.data.Dataset):
-            prepared.dataset, findings = self._read_pipeline(x, prepared.dataset, training)
+            read, findings = self._read_pipeline(x, prepared.dataset, training)
+            if read is not prepared.dataset:
+                # Sliced from memory, tf.data's model now off: nothing left to choose.
+                prepared.parallelism = None
+            prepared.dataset = read
         self._check(prepared, findings, needs_targets=purpose != "predict")
         return prepared
 

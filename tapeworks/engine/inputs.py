@@ -35,7 +35,7 @@ from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
 from keras.src.trainers.data_adapters.py_dataset_adapter import PyDataset, PyDatasetAdapter
 from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
-from tapeworks.data.pipeline import without_autotuning
+from tapeworks.data.pipeline import is_built, parallelism_choices, without_autotuning
 from tapeworks.errors import ConfigError, DataSpecError
 
 DEFAULT_BATCH_SIZE = 32   # Keras' default for arrays
@@ -56,6 +56,9 @@ class PreparedData:
         arrays: for array inputs, the (x, y, sample_weight) as passed (after
             the validation split), for checks that read values.
         name: how messages call the argument (`x`, `validation_data`).
+        parallelism: for a pipeline `tapeworks.data.pipeline` built, the ways
+            it can run [(name, dataset)], for the Trainer to choose from by
+            measurement (`input_planner`); None for other data.
     """
 
     dataset: tf.data.Dataset
@@ -65,6 +68,7 @@ class PreparedData:
     arrays: tuple = None
     name: str = "x"
     batch_size: int = None
+    parallelism: list = None
     _adapter: object = None
 
     def on_epoch_begin(self):
@@ -157,6 +161,10 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
     if steps is not None:
         prepared.dataset = prepared.dataset.take(steps)
         prepared.steps = min(steps, prepared.steps) if prepared.steps else steps
+    if purpose == "fit" and is_built(x):
+        # The stages after the built pipeline are tapeworks' own (a class-weight
+        # map, a take), which set no options: the choice may cover them too.
+        prepared.parallelism = parallelism_choices(prepared.dataset)
     return prepared
 
 
@@ -203,9 +211,10 @@ class EpochBatches:
     so no batch hook fires for a call that would find no data.
     """
 
-    def __init__(self, prepared, steps_per_epoch):
+    def __init__(self, prepared, steps_per_epoch, input_planner=None):
         self.prepared = prepared
         self.steps_per_epoch = steps_per_epoch
+        self.input_planner = input_planner
         self._batches = cardinality(prepared.dataset)
         self._iterator = None
         self._used = 0
@@ -215,7 +224,10 @@ class EpochBatches:
             self.restart()
 
     def restart(self):
-        self._iterator = iter(self.prepared.dataset)
+        # The input planner's way for this epoch: the same data, run its way.
+        dataset = (self.input_planner.dataset if self.input_planner is not None
+                   else self.prepared.dataset)
+        self._iterator = iter(dataset)
         self._used = 0
 
     def iterator(self):

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -20,7 +21,9 @@ import tensorflow as tf
 
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import sources
-from tapeworks.engine import autotune, callback_bridge, data_stage, guards, inputs, step
+from tapeworks.engine import autotune
+from tapeworks.engine import callback_bridge, data_stage, guards, inputs, step
+from tapeworks.engine import input_planner as input_planner_lib
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
@@ -224,6 +227,9 @@ class Trainer:
                 plan_cache if isinstance(plan_cache, (str, os.PathLike)) else None)
         self._plan_key = None       # fingerprint of this trainer's plan, once known
         self._element_spec = None
+        # The input planner of the last built pipeline fitted on (a weak reference
+        # to that pipeline, the planner): measuring goes on across fit calls.
+        self._input_planning = (None, None)
 
     def __repr__(self):
         jit = "auto (measuring)" if self.jit_compile is None else self.jit_compile
@@ -258,8 +264,17 @@ class Trainer:
 
     @property
     def tuning(self):
-        """What "auto" measured and chose (a dict), or None before `fit`."""
-        return self._planner.report() if self._planner else None
+        """What "auto" measured and chose (a dict), or None before `fit`.
+
+        Its "input" entry: how the last `tapeworks.data.pipeline` fitted on
+        runs (`input_planner.InputPlanner.report`), or None.
+        """
+        if self._planner is None:
+            return None
+        report = self._planner.report()
+        planner = self._input_planning[1]
+        report["input"] = planner.report() if planner is not None else None
+        return report
 
     @property
     def data_findings(self):
@@ -345,7 +360,8 @@ class Trainer:
         # Keras' BackupAndRestore sets `_initial_epoch` in on_train_begin when it
         # restored a backup; Keras' own loop starts there, and so does this one.
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
-        batches = inputs.EpochBatches(train, steps_per_epoch)
+        input_planner = self._input_planner_for(x, train, steps_per_epoch)
+        batches = inputs.EpochBatches(train, steps_per_epoch, input_planner)
         training_logs = None
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
@@ -353,9 +369,18 @@ class Trainer:
             train.on_epoch_begin()
             callback_list.on_epoch_begin(epoch)
             progress = EpochProgress(epoch, epochs, steps_known, verbose)
+            if input_planner is not None:
+                settled = not self._planner.tuning
+                input_planner.start_epoch(epochs - epoch, settled)
+                traces, epoch_start = sum(self.traces.values()), time.perf_counter()
             steps_done, samples_done, logs = self._train_epoch(
                 batches, callback_list, progress, epoch, later_epochs=epochs - epoch - 1,
                 known_steps=steps_known)
+            if input_planner is not None:
+                input_planner.end_epoch(
+                    samples_done, time.perf_counter() - epoch_start,
+                    comparable=settled and not self._planner.tuning
+                    and sum(self.traces.values()) == traces)
             train.on_epoch_end()
             self._close_partial_window()
             if steps_known is None and steps_per_epoch is None:
@@ -379,6 +404,7 @@ class Trainer:
                 progress, steps_done, samples_done)
             callback_list.on_epoch_end(epoch, epoch_logs)
             self._announce_choice_once(verbose)
+            self._announce_input_choice_once(input_planner, verbose)
             training_logs = epoch_logs
             if self.model.stop_training:
                 break
@@ -394,6 +420,33 @@ class Trainer:
                         "it continues in the next fit (see `trainer.tuning`)")
         callback_list.on_train_end(training_logs)
         return self.model.history
+
+    def _input_planner_for(self, x, train, steps_per_epoch):
+        """The input planner for a built pipeline (kept across fits on it), else None.
+
+        Only whole passes are measured: with `steps_per_epoch` the iterator
+        carries over between epochs, so an epoch has no way of its own.
+        """
+        if train.parallelism is None or steps_per_epoch is not None:
+            return None
+        reference, planner = self._input_planning
+        if planner is None or reference() is not x:
+            planner = input_planner_lib.InputPlanner(train.parallelism)
+            self._input_planning = (weakref.ref(x), planner)
+        elif planner.dataset_of_first_way is not train.dataset:
+            # The same ways on this fit's own prepared dataset (a class-weight
+            # map, a take); the rates stay. Otherwise the ways are kept: a new
+            # copy would pay its first iterator's set-up again.
+            planner.use(train.parallelism)
+        return planner
+
+    def _announce_input_choice_once(self, planner, verbose):
+        if planner is None or planner.choice is None or planner.announced:
+            return
+        planner.announced = True
+        if verbose:
+            print(planner.summary())
+        logger.info("%s", planner.summary())
 
     def _ensure_planner(self):
         if self._planner is None:
