@@ -149,6 +149,21 @@ def _lint(args):
     return 1 if findings else 0
 
 
+def _doctor(args):
+    import time
+
+    from tapeworks import doctor
+
+    # The import is the smoke check's first step: timed here, where it happens.
+    start = time.perf_counter()
+    try:
+        _quiet_tensorflow()
+    except Exception as error:  # noqa: BLE001 - the doctor reports a broken install
+        return doctor.main(as_json=args.json, quick=args.quick, import_error=error)
+    return doctor.main(as_json=args.json, quick=args.quick,
+                       import_seconds=time.perf_counter() - start)
+
+
 def _cache(args):
     # The cache is plain files: no TensorFlow import needed.
     from tapeworks.engine import plan_cache
@@ -235,6 +250,18 @@ def build_parser():
     cache.add_argument("action", choices=("show", "clear"))
     cache.add_argument("--json", action="store_true", help="show as JSON")
     cache.set_defaults(run=_cache)
+
+    doctor = verbs.add_parser(
+        "doctor", help="check this machine: versions, driver, CUDA, GPUs, XLA, a smoke run",
+        description="Check that this machine can train: Python/TensorFlow/Keras versions "
+                    "against the support table, TensorFlow's CUDA/cuDNN build against the "
+                    "driver and the libraries found, the GPUs (compute capability, memory, "
+                    "what precision=\"auto\" picks), CPU features, GPU memory mode, XLA, then "
+                    "a timed smoke check. Exit status 1 when a check fails.")
+    doctor.add_argument("--json", action="store_true",
+                        help="print the report as JSON (schema tapeworks.doctor/1)")
+    doctor.add_argument("--quick", action="store_true", help="skip the smoke training")
+    doctor.set_defaults(run=_doctor)
     return parser
 
 
