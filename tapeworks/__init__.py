@@ -24,6 +24,7 @@ _EXPORTS = {
     "KerasLoopInStepError": "tapeworks.errors",
     "LossError": "tapeworks.errors",
     "MissingGradientError": "tapeworks.errors",
+    "NonFiniteError": "tapeworks.engine.nonfinite",
     "TapeworksWarning": "tapeworks.errors",
     "CorrectnessWarning": "tapeworks.errors",
     "PerformanceWarning": "tapeworks.errors",

@@ -73,7 +73,7 @@ class Updater:
 
     def __init__(self, optimizer, precision, state, variables, *, clip_norm=None,
                  clip_value=None, allow_missing_gradients=False, hooks=None,
-                 fuse_update=False):
+                 fuse_update=False, guard=None):
         # What the update trains, in the order of `state.gradients`. Kept here,
         # not on the tf.Module state, so checkpoints do not track them twice.
         self.variables = list(variables)
@@ -86,13 +86,27 @@ class Updater:
         self.clip_value = clip_value
         self.allow_missing_gradients = allow_missing_gradients
         self.hooks = hooks or StepHooks()
+        # The non-finite check (`nonfinite.NonFiniteGuard`), shared by all updates.
+        self.guard = guard
 
-    def add(self, gradients, variables, batch_size):
-        """Takes one micro-batch's unscaled gradients; updates when the window is full."""
+    def add(self, gradients, variables, batch_size, loss=None, verdict=None):
+        """Takes one micro-batch's unscaled gradients; updates when the window is full.
+
+        `loss` (unscaled) is for the non-finite check; `verdict`, when the step
+        judged its updates together, is that judgement.
+        """
         grads_and_vars = guards.check_gradients(
             gradients, variables, allow_missing=self.allow_missing_gradients)
         finite = (all_finite([g for g, _ in grads_and_vars])
                   if self.precision.checks_finite else None)
+        if self.guard is not None and self.guard.policy is not None:
+            if verdict is None:
+                verdict = self.guard.verdict(loss, [g for g, _ in grads_and_vars],
+                                             loss_scaled=self.precision.checks_finite)
+            if self.guard.blocks_update:
+                # A withheld update goes the way of a loss-scale overflow: not
+                # applied; with accumulation, its window is skipped whole.
+                finite = verdict if finite is None else tf.logical_and(finite, verdict)
         if self.state.accumulate == 1:
             self._apply_or_skip(grads_and_vars, finite)
             return
@@ -112,12 +126,16 @@ class Updater:
             state.window_finite.assign(tf.logical_and(state.window_finite, finite))
         tf.cond(state.micro_step >= state.accumulate, self.close_window, lambda: None)
 
+    def _checks_window(self):
+        return self.precision.checks_finite or (
+            self.guard is not None and self.guard.blocks_update)
+
     def close_window(self):
         """Applies the accumulated window (skips it if it overflowed) and resets it."""
         state = self.state
         grads_and_vars = [(acc / state.samples, v)
                           for acc, v in zip(state.gradients, self.variables)]
-        finite = state.window_finite.read_value() if self.precision.checks_finite else None
+        finite = state.window_finite.read_value() if self._checks_window() else None
         self._apply_or_skip(grads_and_vars, finite)
         for acc in state.gradients:
             acc.assign(tf.zeros_like(acc))
@@ -129,18 +147,26 @@ class Updater:
         if finite is None:
             self._apply(grads_and_vars)
             return
+        if self.fuse_update and grads_and_vars:
+            # The verdict goes inside the XLA-compiled update: XLA's
+            # conditional is cheap, where a graph `tf.cond` around the
+            # optimizer costs tens of microseconds a step on CPU
+            # (`tapeworks bench diagnose`).
+            self._fused_apply(self._prepared(grads_and_vars), finite)
+            return
 
         def apply():
             self._apply(grads_and_vars)
             self.precision.on_applied()
 
-        tf.cond(finite, apply, self.precision.on_skipped)
+        def skip():
+            # A loss-scale overflow lowers the scale; a float32 skip does nothing more.
+            self.precision.on_skipped()
 
-    def _apply(self, grads_and_vars):
-        if not grads_and_vars:
-            # Nothing trainable (every layer frozen): Keras' fit still runs
-            # the step for its metrics; so does this one.
-            return
+        tf.cond(finite, apply, skip)
+
+    def _prepared(self, grads_and_vars):
+        """Clipping, then the gradient hooks: what the optimizer is given."""
         gradients = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
         # Clipping sees the unscaled, accumulated gradients: what the update uses.
@@ -149,26 +175,47 @@ class Updater:
                                           self.clip_value) for g in gradients]
         if self.clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
-        grads_and_vars = self.hooks.on_gradients(list(zip(gradients, variables)))
+        return self.hooks.on_gradients(list(zip(gradients, variables)))
+
+    def _apply(self, grads_and_vars):
+        if not grads_and_vars:
+            # Nothing trainable (every layer frozen): Keras' fit still runs
+            # the step for its metrics; so does this one.
+            return
+        grads_and_vars = self._prepared(grads_and_vars)
         if self.fuse_update:
             self._fused_apply(grads_and_vars)
         else:
             self.optimizer.apply_gradients(grads_and_vars)
 
-    def _fused_apply(self, grads_and_vars):
+    def _fused_apply(self, grads_and_vars, finite=None):
         """The optimizer update alone, compiled by XLA (`jit_compile="update"`).
 
         XLA fuses the optimizer's elementwise passes over each weight (Adam
         makes about ten) into one. The variables are captured, not passed:
-        a tf.function cannot take Keras variables as arguments.
+        a tf.function cannot take Keras variables as arguments. With `finite`,
+        the update is applied only when it is true (else the precision's skip).
         """
         variables = [v for _, v in grads_and_vars]
-        key = tuple(id(v) for v in variables)
+        key = (tuple(id(v) for v in variables), finite is None)
         if key not in self._fused:
-            self._fused[key] = tf.function(
-                Traced(lambda grads: self.optimizer.apply_gradients(zip(grads, variables))),
-                jit_compile=True, autograph=False)
-        self._fused[key]([g for g, _ in grads_and_vars])
+            def update(grads):
+                self.optimizer.apply_gradients(zip(grads, variables))
+
+            def guarded(grads, ok):
+                def apply():
+                    update(grads)
+                    self.precision.on_applied()
+
+                tf.cond(ok, apply, self.precision.on_skipped)
+
+            self._fused[key] = tf.function(Traced(update if finite is None else guarded),
+                                           jit_compile=True, autograph=False)
+        grads = [g for g, _ in grads_and_vars]
+        if finite is None:
+            self._fused[key](grads)
+        else:
+            self._fused[key](grads, finite)
 
 
 def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
@@ -190,17 +237,43 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
     def train_step(batch):
         with tf.GradientTape(persistent=persistent) as tape:
             losses, outputs = task.run_losses(batch, training=True)
-            objectives = []
+            objectives, unscaled = [], []
             for update in updates:
-                objective = guards.check_loss(update.objective(losses, counters),
-                                              where=f"the loss of update {update.name!r}")
-                objectives.append(precision.scale_loss(hooks.on_loss(objective)))
+                objective = hooks.on_loss(guards.check_loss(
+                    update.objective(losses, counters),
+                    where=f"the loss of update {update.name!r}"))
+                unscaled.append(objective)
+                objectives.append(precision.scale_loss(objective))
         size = task_batch_size(batch)
-        for update, updater, objective in zip(updates, updaters, objectives):
-            def run(update=update, updater=updater, objective=objective, tape=tape):
+        gradients_of, step_verdict = {}, None
+        guard = updaters[0].guard if updaters else None
+        if len(updates) > 1 and guard is not None and guard.blocks_update:
+            # Several updates: every update's verdict before any is applied, so
+            # a non-finite generator also withholds the discriminator's update
+            # of the same step (nothing of a bad step is applied). Safe: each
+            # gradient reads the forward recorded on the tape, whatever was
+            # applied before. (An update with `every > 1` computes its
+            # gradients in its own branch and is judged alone.)
+            verdicts = []
+            for index, (update, updater, objective, loss) in enumerate(
+                    zip(updates, updaters, objectives, unscaled)):
+                if update.every == 1:
+                    gradients_of[index] = precision.unscale(
+                        tape.gradient(objective, updater.variables))
+                    verdicts.append(guard.verdict(
+                        loss, gradients_of[index], loss_scaled=precision.checks_finite))
+            if verdicts:
+                step_verdict = tf.reduce_all(tf.stack(verdicts))
+        for index, (update, updater, objective, loss) in enumerate(
+                zip(updates, updaters, objectives, unscaled)):
+            def run(update=update, updater=updater, objective=objective, loss=loss, tape=tape,
+                    index=index):
                 variables = updater.variables
-                gradients = precision.unscale(tape.gradient(objective, variables))
-                updater.add(gradients, variables, size)
+                if index in gradients_of:
+                    updater.add(gradients_of[index], variables, size, verdict=step_verdict)
+                else:
+                    gradients = precision.unscale(tape.gradient(objective, variables))
+                    updater.add(gradients, variables, size, loss=loss)
                 after = getattr(update.loss, "after_gradients", None)
                 if after is not None:
                     after(tape, losses, counters)
@@ -276,19 +349,26 @@ def compile_step(step, *, jit_compile, run_eagerly):
                        jit_compile=bool(jit_compile), reduce_retracing=True, autograph=False)
 
 
-def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None):
-    """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs)`.
+def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
+              should_continue=None):
+    """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
 
     Runs up to `num_steps` steps, fewer when the data ends. `results()`
     returns the dict of metric tensors read once at the end of the call: the
     call's only host sync. With `on_outputs`, a step returns (batch size,
-    extra) and `on_outputs(extra)` runs in the loop, after the step.
+    extra) and `on_outputs(extra)` runs in the loop, after the step. With
+    `should_continue` (a function returning a boolean tensor, read before
+    each step), the loop also stops when it turns false, and returns the last
+    batch it drew as a `tf.experimental.Optional` (carried through the loop
+    as a loop variable: no copy, no branch), for the host to look at.
     """
     strategy = strategy or tf.distribute.get_strategy()
+    keep_last = should_continue is not None
 
     def loop(iterator, num_steps):
-        def body(steps, samples, exhausted):
+        def body(steps, samples, exhausted, *last):
             optional = iterator.get_next_as_optional()
+            kept = (optional,) if keep_last else ()
 
             def run():
                 per_replica = strategy.run(one_step, args=(optional.get_value(),))
@@ -298,16 +378,19 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None)
                 batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
                 return steps + 1, samples + batch, tf.constant(False)
 
-            return tf.cond(optional.has_value(), run,
+            done = tf.cond(optional.has_value(), run,
                            lambda: (steps, samples, tf.constant(True)))
+            return (*done, *kept)
 
-        steps, samples, _ = tf.while_loop(
-            lambda steps, samples, exhausted: tf.logical_and(
-                steps < num_steps, tf.logical_not(exhausted)),
-            body,
-            (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False)),
-        )
-        return steps, samples, results()
+        def go_on(steps, samples, exhausted, *last):
+            going = tf.logical_and(steps < num_steps, tf.logical_not(exhausted))
+            return tf.logical_and(going, should_continue()) if keep_last else going
+
+        start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
+        if keep_last:
+            start += (tf.experimental.Optional.empty(iterator.element_spec),)
+        steps, samples, _, *last = tf.while_loop(go_on, body, start)
+        return (steps, samples, results(), *last)
 
     if run_eagerly:
         return loop

@@ -24,13 +24,14 @@ from tapeworks.data import sources
 from tapeworks.engine import autotune
 from tapeworks.engine import callback_bridge, data_stage, guards, inputs, step
 from tapeworks.engine import input_planner as input_planner_lib
+from tapeworks.engine import nonfinite as nonfinite_lib
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.callback_bridge import EpochEndLine
 from tapeworks.engine.progress import EpochProgress, resolve_verbose
-from tapeworks.errors import ConfigError, DataSpecError
+from tapeworks.errors import ConfigError, CorrectnessWarning, DataSpecError, warn
 
 logger = logging.getLogger("tapeworks")
 
@@ -85,6 +86,17 @@ class Trainer:
             default folder, `~/.cache/tapeworks/plans` or
             `$TAPEWORKS_CACHE_DIR/plans`, unless `TAPEWORKS_PLAN_CACHE=0`),
             False (off) or a folder.
+        on_nonfinite: what a NaN or Inf loss or gradient does: "raise" (the
+            default) withholds that update, stops, and raises
+            `NonFiniteError` naming the step, the first layer whose output is
+            non-finite (or the first non-finite gradient, or NaN/Inf in the
+            batch itself) and the file the batch was saved to; "skip"
+            withholds those updates and goes on (`nonfinite_steps` in the
+            logs); "warn" applies them and warns; None checks nothing. With
+            Keras' `TerminateOnNaN` among the callbacks, "raise" stops
+            training as that callback does (the message becomes a warning).
+        nonfinite_dir: where "raise" saves the offending batch (default: the
+            temporary folder's `tapeworks/`).
 
     Accumulation: the update is the gradient of the mean loss over every
     sample of the window (micro-batches weighted by their size), which equals
@@ -119,7 +131,8 @@ class Trainer:
                  weighted_metrics=None, jit_compile="auto", steps_per_call="auto", seed=None,
                  run_eagerly=None, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
-                 check_data=True, diagnose_input=False, deterministic=False, plan_cache=None):
+                 check_data=True, diagnose_input=False, deterministic=False, plan_cache=None,
+                 on_nonfinite="raise", nonfinite_dir=None):
         _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
@@ -186,6 +199,11 @@ class Trainer:
             # `self.model.optimizer`: for a task, the first update's.
             self.model.optimizer = self.optimizer
         self.seed = seed
+        self.on_nonfinite = nonfinite_lib.check_policy(on_nonfinite)
+        self.nonfinite_dir = nonfinite_dir
+        self._guard = None            # the NonFiniteGuard, created in _build
+        self._stop_on_nonfinite = False  # TerminateOnNaN given: stop instead of raising
+        self._nonfinite_warned = 0
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.clip_value = clip_value
@@ -342,6 +360,12 @@ class Trainer:
                 "epoch), a keras.utils.PyDataset or a tf.data.Dataset; or make the "
                 "generator endless and set `steps_per_epoch`.")
         self._build(train.dataset.element_spec)
+        self._guard.reset()
+        self._nonfinite_warned = 0
+        self._stop_on_nonfinite = any(isinstance(c, keras.callbacks.TerminateOnNaN)
+                                      for c in (callbacks.callbacks if isinstance(
+                                          callbacks, keras.callbacks.CallbackList)
+                                          else callbacks or []))
         self._ensure_planner()
         if train.batch_size and self._plan_key is None:
             self._use_plan_cache(train.batch_size)
@@ -489,7 +513,7 @@ class Trainer:
             callback_list.on_train_batch_begin(steps_done)
             try:
                 ran, samples, call_logs, seconds = self._run_train_call(
-                    probe, iterator, num_steps)
+                    probe, iterator, num_steps, steps_done)
             except tf.errors.DataLossError as error:
                 # tf.data names neither the file nor the record: find them.
                 raise sources.corruption_error(batches.prepared.dataset, error) from error
@@ -521,18 +545,49 @@ class Trainer:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
         return steps_done, samples_done, logs
 
-    def _run_train_call(self, probe, iterator, num_steps):
+    def _run_train_call(self, probe, iterator, num_steps, steps_done=0):
         if probe.first:
-            return self._run_first_step(probe.jit, iterator)
+            return self._run_first_step(probe.jit, iterator, steps_done)
         loop = self._loop("train", probe.jit)
         start = time.perf_counter()
         with guards.inside_step():
-            ran, samples, logs = loop(iterator, tf.constant(num_steps, tf.int64))
+            ran, samples, logs, *last = loop(iterator, tf.constant(num_steps, tf.int64))
         # Reading the results is the call's one host sync.
         ran, samples = int(ran), int(samples)
-        return ran, samples, callback_bridge.python_logs(logs), time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if last and self._guard.halted:
+            self._nonfinite_stop(last[0].get_value(), steps_done + ran - 1)
+        self._warn_nonfinite()
+        return ran, samples, callback_bridge.python_logs(logs), seconds
 
-    def _run_first_step(self, jit, iterator):
+    def _nonfinite_stop(self, batch, batch_index):
+        """The "raise" policy after a halted call: localise, then raise (or stop)."""
+        # The loop stopped right after the bad step: the last one counted.
+        report = nonfinite_lib.localise(
+            self.task, batch, self.counters, step=int(self.counters.step) - 1,
+            epoch=int(self.counters.epoch), batch_index=batch_index,
+            directory=self.nonfinite_dir)
+        text = nonfinite_lib.message(report)
+        if self._stop_on_nonfinite:
+            # Keras' TerminateOnNaN stops training without an error; so does this.
+            warn(f"tapeworks: {text} Training stopped (TerminateOnNaN).", CorrectnessWarning)
+            self.model.stop_training = True
+            return
+        raise nonfinite_lib.NonFiniteError(text, report)
+
+    def _warn_nonfinite(self):
+        """The "warn" policy: a warning when more non-finite steps were applied."""
+        if self.on_nonfinite != "warn":
+            return
+        count = int(self._guard.count)
+        if count > self._nonfinite_warned:
+            self._nonfinite_warned = count
+            warn(f"tapeworks: {count} non-finite step(s) in this fit so far (by step "
+                 f"{int(self.counters.step) - 1}); their updates were applied "
+                 "(on_nonfinite=\"warn\"). Fix: on_nonfinite=\"raise\" names where the "
+                 "values turn non-finite.", CorrectnessWarning)
+
+    def _run_first_step(self, jit, iterator, steps_done=0):
         """A mode's first (untimed) call while tuning: one step on a batch drawn here.
 
         Drawing the batch outside the compiled loop means that when XLA
@@ -561,8 +616,12 @@ class Trainer:
                 self._planner.drop_xla(error, jit)
                 samples = one_step(False)
             samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
-            logs = callback_bridge.python_logs(self._results())
-        return 1, int(samples), logs, time.perf_counter() - start
+            logs = callback_bridge.python_logs(self._train_results())
+        seconds = time.perf_counter() - start
+        if self._guard.halted:
+            self._nonfinite_stop(batch, steps_done)
+        self._warn_nonfinite()
+        return 1, int(samples), logs, seconds
 
     def diagnose_input(self, data, batches=30, batch_size=None):
         """Measures whether training waits for data; returns a `tapeworks.data.InputReport`.
@@ -860,6 +919,7 @@ class Trainer:
                 update.optimizer.build(variables)
                 self.states.append(step.UpdateState(variables, self.accumulate))
             self.counters = task_lib.Counters()
+            self._guard = nonfinite_lib.NonFiniteGuard(self.on_nonfinite)
             if self.capture_every:
                 if not self.task._capture_specs:
                     raise ConfigError(
@@ -896,7 +956,8 @@ class Trainer:
                              clip_norm=self.clip_norm, clip_value=self.clip_value,
                              allow_missing_gradients=self.allow_missing_gradients,
                              hooks=self.hooks,
-                             fuse_update=mode == "update" and not self.run_eagerly)
+                             fuse_update=mode == "update" and not self.run_eagerly,
+                             guard=self._guard)
                 for update, state in zip(self.task.updates, self.states)]
         return self._loops[key]
 
@@ -905,9 +966,13 @@ class Trainer:
         key = (kind, jit)
         if key not in self._loops:
             capture = kind == "train" and self._capture is not None
+            halts = kind == "train" and self.on_nonfinite == "raise"
             self._loops[key] = step.make_loop(
-                self._step(kind, jit), self._results, run_eagerly=self.run_eagerly,
-                strategy=self._strategy, on_outputs=self._record_capture if capture else None)
+                self._step(kind, jit),
+                self._train_results if kind == "train" else self._results,
+                run_eagerly=self.run_eagerly, strategy=self._strategy,
+                on_outputs=self._record_capture if capture else None,
+                should_continue=self._guard.should_continue if halts else None)
         return self._loops[key]
 
     def _predict_loop(self, element_spec):
@@ -937,6 +1002,11 @@ class Trainer:
     def _results(self):
         return step.collect_logs(self._trackers, self.task, self.precision)
 
+    def _train_results(self):
+        logs = self._results()
+        logs.update(self._guard.logs())
+        return logs
+
 
 def _check_one_replica(strategy):
     """Refuses strategies the step does not support yet, before anything is touched.
@@ -960,7 +1030,6 @@ def _check_one_replica(strategy):
         "Expected the default strategy or a single device (tf.distribute.OneDeviceStrategy). "
         "Fix: create the Trainer outside `strategy.scope()` (or under OneDeviceStrategy), or "
         "train this model with Keras' `model.fit` for multi-device runs for now.")
-
 
 def _model_supports_xla(model):
     return all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers())

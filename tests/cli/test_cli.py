@@ -88,11 +88,12 @@ def test_bench_list():
     result = tapeworks("bench", "--list")
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
-        "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock"]
+        "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
+        "diagnose"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", ["accumulate", "precision", "gan", "input"])
+@pytest.mark.parametrize("scenario", ["accumulate", "precision", "gan", "input", "diagnose"])
 def test_other_scenarios_quick(tmp_path, scenario):
     result = tapeworks("bench", scenario, "--quick", "--repeats", "3", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -127,10 +127,19 @@ def test_terminate_on_nan(data):
     y = y.copy()
     y[10] = np.nan  # in the second batch of 8
     trainer = _trainer(steps_per_call=1)
-    history = trainer.fit((x, y), batch_size=8, shuffle=False, epochs=3,
-                          callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0)
-    assert int(trainer.optimizer.iterations) == 2
+    with pytest.warns(tapeworks.CorrectnessWarning, match="bad data.*Training stopped"):
+        history = trainer.fit((x, y), batch_size=8, shuffle=False, epochs=3,
+                              callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0)
+    # Keras applies the NaN batch's update, then stops (2 iterations); tapeworks
+    # withholds it (on_nonfinite="raise"), so the weights stay finite.
+    assert int(trainer.optimizer.iterations) == 1
+    assert all(np.isfinite(w.numpy()).all() for w in trainer.model.weights)
     assert len(history.epoch) == 1
+
+    keras_like = _trainer(steps_per_call=1, on_nonfinite=None)
+    keras_like.fit((x, y), batch_size=8, shuffle=False, epochs=3,
+                   callbacks=[keras.callbacks.TerminateOnNaN()], verbose=0)
+    assert int(keras_like.optimizer.iterations) == 2   # Keras' behaviour, check off
 
 
 def test_verbose_zero_prints_nothing(data, capsys):

@@ -1,0 +1,313 @@
+"""Non-finite losses and gradients: caught in the step, named where they start.
+
+In the graph (`NonFiniteGuard`): every update checks its loss and its
+gradients before applying them, with reductions over values the step holds
+anyway and no branch on the normal path. The gradients are checked, not only
+the loss: on CPU, oneDNN's fused ops (Dense + ReLU in a graph) can turn a NaN
+into 0, so a loss can stay finite while the gradients, and so the weights
+after the update, are NaN. With float16 loss scaling the gradients' verdict
+belongs to the loss scale (an overflow it handles is not an error), so only
+the loss is checked there. What happens to a non-finite step is the policy:
+
+- "raise": its update is not applied, the loop stops after it, and the host
+  localises the cause and raises `NonFiniteError` (the weights and optimizer
+  state are those after the last good step);
+- "skip": its update is not applied (with accumulation, the whole window),
+  counted in the logs as `nonfinite_steps`; training goes on;
+- "warn": the update is applied as computed, counted, and a warning says so;
+- None: no check.
+
+On the host (`localise`): the offending batch is re-run eagerly, each layer's
+output recorded in call order (a hook on every layer's `call`, so Sequential,
+Functional and subclassed models alike), then its gradients; the first
+non-finite layer output, or else the first non-finite gradient, is named,
+with the batch's own statistics: NaN or Inf in the data itself is the most
+common cause, and is reported as bad data. The batch is saved to a file the
+message names.
+"""
+
+import dataclasses
+import os
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tapeworks.engine.precision import all_finite
+from tapeworks.errors import ConfigError, TapeworksError
+
+POLICIES = ("raise", "skip", "warn", None)
+
+
+class NonFiniteError(TapeworksError, FloatingPointError):
+    """A loss or gradient became NaN or Inf; the message names where it starts."""
+
+    def __init__(self, message, report=None):
+        super().__init__(message)
+        self.report = report
+
+
+def check_policy(policy):
+    if policy not in POLICIES:
+        raise ConfigError(
+            f"`on_nonfinite` must be \"raise\", \"skip\", \"warn\" or None. Received: "
+            f"on_nonfinite={policy!r}. \"raise\" stops at the first NaN/Inf loss or "
+            "gradient and names where it starts; \"skip\" skips those updates; \"warn\" "
+            "applies them and warns; None checks nothing.")
+    return policy
+
+
+class NonFiniteGuard(tf.Module):
+    """The in-graph side: a verdict per update and one counter, in a variable.
+
+    The normal path is kept to a handful of ops per update (measured by
+    `tapeworks bench diagnose`): every gradient's sum and the loss are added
+    into one scalar, and that scalar's finiteness is the verdict. A NaN or an
+    Inf anywhere makes the total non-finite (Inf - Inf is NaN too); only
+    finite gradients whose sum overflows float32 (beyond 3e38) would be
+    flagged too, and those are no healthier. One counter holds the rest:
+    with "raise" the loop goes on while it is 0, and the host knows the bad
+    step as the last one that ran.
+    """
+
+    def __init__(self, policy):
+        super().__init__(name="nonfinite")
+        self.policy = check_policy(policy)
+        self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_steps")
+
+    @property
+    def blocks_update(self):
+        """Whether a non-finite step's update is withheld ("raise", "skip")."""
+        return self.policy in ("raise", "skip")
+
+    def verdict(self, loss, gradients, *, loss_scaled):
+        """True when `loss` (unscaled) and `gradients` are finite; counts a false one."""
+        total = tf.cast(loss, tf.float32)
+        if not loss_scaled:
+            sums = [tf.reduce_sum(tf.cast(tf.convert_to_tensor(g), tf.float32))
+                    for g in gradients if g is not None]
+            if sums:
+                total = total + tf.add_n(sums)
+        finite = tf.math.is_finite(total)
+        self.count.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        return finite
+
+    def should_continue(self):
+        return tf.equal(self.count, 0)
+
+    @property
+    def halted(self):
+        return self.policy == "raise" and int(self.count) > 0
+
+    def reset(self):
+        """At the start of a fit: a new run may follow a raised one (after a fix)."""
+        self.count.assign(0)
+
+    def logs(self):
+        # Only where training goes on past a non-finite step: a constant key
+        # then (CSVLogger writes its header from the first epoch's keys).
+        return {"nonfinite_steps": self.count.read_value()} if self.policy in (
+            "skip", "warn") else {}
+
+
+# The host side ------------------------------------------------------------------
+
+@dataclasses.dataclass
+class LayerOutput:
+    layer: str
+    class_name: str
+    finite: bool
+    input_range: tuple     # (min, max) of the finite values of its first float input
+    output_nonfinite: int  # how many values of its output are NaN or Inf
+
+
+@dataclasses.dataclass
+class NonFiniteReport:
+    """What the localisation found; `NonFiniteError.report`."""
+
+    step: int
+    epoch: int
+    batch: int
+    update: str
+    loss_terms: dict           # name -> value of each loss term on the batch (eager)
+    bad_data: list             # descriptions of NaN/Inf found in the batch itself
+    first_layer: LayerOutput = None
+    first_gradient: str = None
+    batch_file: str = None
+    batch_stats: list = dataclasses.field(default_factory=list)
+
+
+def localise(task, batch, counters, *, step, epoch, batch_index, directory=None):
+    """Re-runs `batch` eagerly and says where the first non-finite value appears."""
+    flat = _named_tensors(batch)
+    bad_data = [f"{name}: {n_nan} NaN, {n_inf} Inf of {size} values"
+                for name, (n_nan, n_inf, size) in
+                ((name, _count_nonfinite(value)) for name, value in flat)
+                if n_nan or n_inf]
+    report = NonFiniteReport(step=step, epoch=epoch, batch=batch_index, update="?",
+                             loss_terms={}, bad_data=bad_data,
+                             batch_stats=[_describe(name, value) for name, value in flat])
+    report.batch_file = _save_batch(flat, step, directory)
+    records = []
+    with _LayerRecorder(task.models, records), tf.GradientTape(persistent=True) as tape:
+        losses, _ = task.run_losses(batch, training=True)
+        objectives = [update.objective(losses, counters) for update in task.updates]
+    report.loss_terms = {name: float(tf.reduce_mean(tf.cast(value, tf.float32)))
+                         for name, value in losses.items()}
+    report.first_layer = next((r for r in records if not r.finite), None)
+    # The update: the first whose loss is non-finite, else the first with a
+    # non-finite gradient (whose variable is named when the forward is finite).
+    for update, objective in zip(task.updates, objectives):
+        if not bool(tf.math.is_finite(tf.cast(objective, tf.float32))):
+            report.update = update.name
+            break
+    else:
+        for update, objective in zip(task.updates, objectives):
+            variables = update.variables()
+            gradients = tape.gradient(objective, variables)
+            bad = next((v for v, g in zip(variables, gradients) if g is not None and not bool(
+                tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))), None)
+            if bad is not None:
+                report.update = update.name
+                if report.first_layer is None:
+                    report.first_gradient = getattr(bad, "path", bad.name)
+                break
+    del tape
+    return report
+
+
+def message(report):
+    """The one message a user can act on."""
+    where = (f"Non-finite loss or gradient at step {report.step} (epoch {report.epoch + 1}, "
+             f"batch {report.batch}) in update {report.update!r}.")
+    kept = ("The update was not applied: the weights and optimizer state are those after "
+            "the last good step.")
+    saved = f"The batch is saved in {report.batch_file}." if report.batch_file else ""
+    if report.bad_data:
+        cause = ("The batch itself holds non-finite values (bad data): "
+                 + "; ".join(report.bad_data) + ". Fix: clean or filter the data, e.g. "
+                 "`dataset.filter(lambda x, y: tf.reduce_all(tf.math.is_finite(x)))`, or "
+                 "impute the missing values.")
+    elif report.first_layer is not None:
+        layer = report.first_layer
+        low, high = layer.input_range
+        cause = (f"The first non-finite output is layer {layer.layer!r} ({layer.class_name}): "
+                 f"{layer.output_nonfinite} NaN/Inf values, from inputs in "
+                 f"[{low:.4g}, {high:.4g}]. Fix: look at what that layer computes (a log or "
+                 "sqrt of values <= 0, a division by zero, an exp that overflows); lower the "
+                 "learning rate or clip gradients (`clip_norm=`) if the weights grew "
+                 "too large.")
+    elif report.first_gradient is not None:
+        cause = (f"The forward pass is finite ({_terms(report)}); the first non-finite "
+                 f"gradient is that of {report.first_gradient!r}. Fix: a function whose "
+                 "derivative is infinite at the values reached (sqrt at 0, log near 0, "
+                 "pow with a fractional exponent); add an epsilon, or clip gradients "
+                 "(`clip_norm=`).")
+    else:
+        cause = (f"Re-run eagerly, the batch gives finite outputs and gradients "
+                 f"({_terms(report)}): the compiled step computed the non-finite value "
+                 "(fused kernels can differ from eager ones) or a random op (dropout) drew "
+                 "differently. Fix: run with `run_eagerly=True` to see it in Python, or "
+                 "lower the learning rate.")
+    stats = " Batch: " + "; ".join(report.batch_stats) + "." if report.batch_stats else ""
+    return " ".join(part for part in (where, cause, kept, saved) if part) + stats
+
+
+def _terms(report):
+    return ", ".join(f"{name}={value:.4g}" for name, value in report.loss_terms.items()) \
+        or "no loss terms"
+
+
+class _LayerRecorder:
+    """Records each layer's output, in call order, by wrapping every layer's `call`.
+
+    Keras' `Layer.__call__` calls `self.call`; an attribute on the instance
+    takes precedence over the method, and is removed on exit. Nested layers
+    (inside sub-models) record before the model that holds them, so the first
+    non-finite record is the innermost layer where the values went bad.
+    """
+
+    def __init__(self, models, records):
+        self._layers = []
+        seen = set()
+        for model in models:
+            for layer in model._flatten_layers(include_self=False, recursive=True):
+                if id(layer) not in seen:
+                    seen.add(id(layer))
+                    self._layers.append(layer)
+        self._records = records
+
+    def __enter__(self):
+        for layer in self._layers:
+            original = layer.call
+
+            def call(*args, __layer=layer, __original=original, **kwargs):
+                outputs = __original(*args, **kwargs)
+                self._record(__layer, args, outputs)
+                return outputs
+
+            layer.__dict__["call"] = call
+        return self
+
+    def __exit__(self, *exc):
+        for layer in self._layers:
+            layer.__dict__.pop("call", None)
+        return False
+
+    def _record(self, layer, args, outputs):
+        values = [t for t in tf.nest.flatten(outputs)
+                  if isinstance(t, (tf.Tensor, tf.Variable)) and t.dtype.is_floating]
+        bad = sum(int(tf.reduce_sum(tf.cast(~tf.math.is_finite(t), tf.int64))) for t in values)
+        inputs = [t for t in tf.nest.flatten(args)
+                  if isinstance(t, (tf.Tensor, tf.Variable, np.ndarray))
+                  and tf.as_dtype(t.dtype).is_floating]
+        self._records.append(LayerOutput(
+            layer=layer.name, class_name=type(layer).__name__, finite=bad == 0,
+            input_range=_finite_range(inputs[0]) if inputs else (float("nan"),) * 2,
+            output_nonfinite=bad))
+
+
+def _named_tensors(batch):
+    names = ("x", "y", "sample_weight")
+    parts = batch if isinstance(batch, tuple) else (batch,)
+    named = []
+    for part_name, part in zip(names, parts):
+        flat = tf.nest.flatten(part)
+        for i, value in enumerate(flat):
+            if value is None:
+                continue
+            named.append((part_name if len(flat) == 1 else f"{part_name}[{i}]",
+                          np.asarray(value)))
+    return named
+
+
+def _count_nonfinite(value):
+    if not np.issubdtype(value.dtype, np.floating):
+        return 0, 0, value.size
+    return int(np.isnan(value).sum()), int(np.isinf(value).sum()), value.size
+
+
+def _finite_range(value):
+    array = np.asarray(value, dtype=np.float64)
+    finite = array[np.isfinite(array)]
+    return (float(finite.min()), float(finite.max())) if finite.size else (float("nan"),) * 2
+
+
+def _describe(name, value):
+    if not np.issubdtype(value.dtype, np.number) or value.size == 0:
+        return f"{name} {value.dtype} {value.shape}"
+    low, high = _finite_range(value)
+    return f"{name} {value.dtype}{list(value.shape)} in [{low:.4g}, {high:.4g}]"
+
+
+def _save_batch(flat, step, directory):
+    directory = directory or os.path.join(tempfile.gettempdir(), "tapeworks")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"nonfinite-step{step}-{int(time.time())}.npz")
+        np.savez(path, **{name.replace("[", "_").replace("]", ""): value
+                          for name, value in flat})
+        return path
+    except OSError:
+        return None
