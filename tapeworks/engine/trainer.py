@@ -28,6 +28,7 @@ from tapeworks.engine import nonfinite as nonfinite_lib
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
+from tapeworks.engine import retracing
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.callback_bridge import EpochEndLine
 from tapeworks.engine.progress import EpochProgress, resolve_verbose
@@ -204,6 +205,7 @@ class Trainer:
         self._guard = None            # the NonFiniteGuard, created in _build
         self._stop_on_nonfinite = False  # TerminateOnNaN given: stop instead of raising
         self._nonfinite_warned = 0
+        self.retraces = []   # the user's tf.functions that retraced in the last fit
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.clip_value = clip_value
@@ -343,6 +345,20 @@ class Trainer:
         Returns:
             The `keras.callbacks.History` of the run.
         """
+        # The user's own tf.functions that retrace while this fit runs are
+        # reported with the argument that changed (`retracing.py`).
+        with retracing.RetraceWatch() as watch:
+            try:
+                return self._fit(x, y, batch_size, epochs, verbose, callbacks,
+                                 validation_split, validation_data, shuffle, class_weight,
+                                 sample_weight, initial_epoch, steps_per_epoch,
+                                 validation_steps, validation_batch_size, validation_freq)
+            finally:
+                self.retraces = watch.reported
+
+    def _fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_split,
+             validation_data, shuffle, class_weight, sample_weight, initial_epoch,
+             steps_per_epoch, validation_steps, validation_batch_size, validation_freq):
         verbose = resolve_verbose(verbose)
         self.task.check_unchanged()
         data_stage.check_epochs(epochs, initial_epoch, steps_per_epoch)
@@ -1030,6 +1046,7 @@ def _check_one_replica(strategy):
         "Expected the default strategy or a single device (tf.distribute.OneDeviceStrategy). "
         "Fix: create the Trainer outside `strategy.scope()` (or under OneDeviceStrategy), or "
         "train this model with Keras' `model.fit` for multi-device runs for now.")
+
 
 def _model_supports_xla(model):
     return all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers())
