@@ -150,9 +150,18 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None)
                              batch_stats=[_describe(name, value) for name, value in flat])
     report.batch_file = _save_batch(flat, step, directory)
     records = []
-    with _LayerRecorder(task.models, records), tf.GradientTape(persistent=True) as tape:
-        losses, _ = task.run_losses(batch, training=True)
-        objectives = [update.objective(losses, counters) for update in task.updates]
+    # The re-run is in training mode (as the failing step was), which moves
+    # BatchNormalization's statistics and other non-trainable state: all of
+    # the models' variables are put back afterwards.
+    variables = [v for model in task.models for v in model.weights]
+    saved = [v.numpy() for v in variables]
+    try:
+        with _LayerRecorder(task.models, records), tf.GradientTape(persistent=True) as tape:
+            losses, _ = task.run_losses(batch, training=True)
+            objectives = [update.objective(losses, counters) for update in task.updates]
+    finally:
+        for variable, value in zip(variables, saved):
+            variable.assign(value)
     report.loss_terms = {name: float(tf.reduce_mean(tf.cast(value, tf.float32)))
                          for name, value in losses.items()}
     report.first_layer = next((r for r in records if not r.finite), None)

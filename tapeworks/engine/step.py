@@ -22,6 +22,7 @@ Per-step checks (numerics, gradient monitors) plug in at `StepHooks`: each hook
 sees the loss and the (gradient, variable) pairs of every update, in the graph.
 """
 
+import keras
 import tensorflow as tf
 
 from tapeworks.engine import guards
@@ -93,7 +94,8 @@ class Updater:
         """Takes one micro-batch's unscaled gradients; updates when the window is full.
 
         `loss` (unscaled) is for the non-finite check; `verdict`, when the step
-        judged its updates together, is that judgement.
+        judged its updates together, is that judgement. Returns the verdict
+        that withholds this micro-batch (None when nothing is withheld).
         """
         grads_and_vars = guards.check_gradients(
             gradients, variables, allow_missing=self.allow_missing_gradients)
@@ -107,9 +109,11 @@ class Updater:
                 # A withheld update goes the way of a loss-scale overflow: not
                 # applied; with accumulation, its window is skipped whole.
                 finite = verdict if finite is None else tf.logical_and(finite, verdict)
+        withheld_unless = verdict if self.guard is not None and self.guard.blocks_update \
+            else None
         if self.state.accumulate == 1:
             self._apply_or_skip(grads_and_vars, finite)
-            return
+            return withheld_unless
         state = self.state
         weight = tf.cast(batch_size, tf.float32)
         slots = {id(v): acc for v, acc in zip(self.variables, state.gradients)}
@@ -125,6 +129,7 @@ class Updater:
         if finite is not None:
             state.window_finite.assign(tf.logical_and(state.window_finite, finite))
         tf.cond(state.micro_step >= state.accumulate, self.close_window, lambda: None)
+        return withheld_unless
 
     def _checks_window(self):
         return self.precision.checks_finite or (
@@ -234,7 +239,14 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
     # (GradNorm), differentiate the same recorded forward more than once.
     persistent = len(updates) > 1 or any(hasattr(u.loss, "after_gradients") for u in updates)
 
+    guard = updaters[0].guard if updaters else None
+    # State the forward pass itself updates (BatchNormalization's moving
+    # statistics): a withheld step must not keep what its bad batch did to it.
+    forward_state = (forward_updated_state(task)
+                     if guard is not None and guard.blocks_update else [])
+
     def train_step(batch):
+        before = [tf.identity(tf.convert_to_tensor(v)) for v in forward_state]
         with tf.GradientTape(persistent=persistent) as tape:
             losses, outputs = task.run_losses(batch, training=True)
             objectives, unscaled = [], []
@@ -246,7 +258,6 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                 objectives.append(precision.scale_loss(objective))
         size = task_batch_size(batch)
         gradients_of, step_verdict = {}, None
-        guard = updaters[0].guard if updaters else None
         if len(updates) > 1 and guard is not None and guard.blocks_update:
             # Several updates: every update's verdict before any is applied, so
             # a non-finite generator also withholds the discriminator's update
@@ -264,16 +275,20 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                         loss, gradients_of[index], loss_scaled=precision.checks_finite))
             if verdicts:
                 step_verdict = tf.reduce_all(tf.stack(verdicts))
+        kept = []   # the verdicts that withheld this step's updates
         for index, (update, updater, objective, loss) in enumerate(
                 zip(updates, updaters, objectives, unscaled)):
             def run(update=update, updater=updater, objective=objective, loss=loss, tape=tape,
                     index=index):
                 variables = updater.variables
                 if index in gradients_of:
-                    updater.add(gradients_of[index], variables, size, verdict=step_verdict)
+                    verdict = updater.add(gradients_of[index], variables, size,
+                                          verdict=step_verdict)
                 else:
                     gradients = precision.unscale(tape.gradient(objective, variables))
-                    updater.add(gradients, variables, size, loss=loss)
+                    verdict = updater.add(gradients, variables, size, loss=loss)
+                if verdict is not None and update.every == 1:
+                    kept.append(verdict)
                 after = getattr(update.loss, "after_gradients", None)
                 if after is not None:
                     after(tape, losses, counters)
@@ -283,6 +298,10 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
             else:
                 tf.cond(counters.step % update.every == 0, run, lambda: None)
         del tape
+        if forward_state and kept:
+            good = tf.reduce_all(tf.stack(kept))
+            for variable, value in zip(forward_state, before):
+                variable.assign(tf.where(good, variable, value))
         counters.step.assign_add(1)
         for name, value in losses.items():
             trackers[name].update_state(_unscale_for_replicas(value), sample_weight=size)
@@ -294,6 +313,26 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
         return size
 
     return train_step
+
+
+def forward_updated_state(task):
+    """The variables a training forward pass assigns: BatchNormalization's moving statistics.
+
+    Of trainable BatchNormalization layers only (a frozen one runs in
+    inference mode in Keras 3 and updates nothing). Other layers' state
+    (Dropout's seed) is left as it went.
+    """
+    found, seen = [], set()
+    for update in task.updates:
+        for item in update.trains:
+            layers = item._flatten_layers() if hasattr(item, "_flatten_layers") else []
+            for layer in layers:
+                if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
+                    for variable in (layer.moving_mean, layer.moving_variance):
+                        if id(variable) not in seen:
+                            seen.add(id(variable))
+                            found.append(variable)
+    return found
 
 
 def make_test_step(task, trackers):

@@ -269,3 +269,23 @@ def test_several_updates_nothing_of_the_bad_step_is_applied(mode, tmp_path):
     for got, want in zip(task.first.weights + task.second.weights,
                          reference.first.weights + reference.second.weights):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_localising_leaves_batchnorm_statistics_as_they_were(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), SqrtFeatures(name="sqrt_features"),
+                              keras.layers.BatchNormalization(name="norm"),
+                              keras.layers.Dense(2, name="head")])
+    x, y = data()
+    trainer = trainer_for(model, "tf.function", nonfinite_dir=str(tmp_path))
+    with pytest.raises(NonFiniteError, match="sqrt_features"):
+        trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    keras.utils.set_random_seed(0)
+    reference_model = keras.Sequential([keras.Input((3,)), SqrtFeatures(name="sqrt_features"),
+                                        keras.layers.BatchNormalization(name="norm"),
+                                        keras.layers.Dense(2, name="head")])
+    reference = trainer_for(reference_model, "tf.function")
+    reference.fit(x[:BAD_BATCH * BATCH], y[:BAD_BATCH * BATCH], batch_size=BATCH,
+                  shuffle=False, verbose=0)
+    for got, want in zip(model.weights, reference_model.weights):   # moving stats included
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
