@@ -23,6 +23,7 @@ from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import sources
 from tapeworks.engine import autotune
 from tapeworks.engine import callback_bridge, data_stage, guards, inputs, step
+from tapeworks.engine import inference_mode
 from tapeworks.engine import input_planner as input_planner_lib
 from tapeworks.engine import nonfinite as nonfinite_lib
 from tapeworks.engine import capture as capture_lib
@@ -98,6 +99,9 @@ class Trainer:
             training as that callback does (the message becomes a warning).
         nonfinite_dir: where "raise" saves the offending batch (default: the
             temporary folder's `tapeworks/`).
+        fine_tune_in_inference_mode: say that training the variables of a
+            sub-model called with `training=False` is meant (otherwise a
+            warning names it once: the usual intent is a frozen extractor).
 
     Accumulation: the update is the gradient of the mean loss over every
     sample of the window (micro-batches weighted by their size), which equals
@@ -133,7 +137,7 @@ class Trainer:
                  run_eagerly=None, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
                  check_data=True, diagnose_input=False, deterministic=False, plan_cache=None,
-                 on_nonfinite="raise", nonfinite_dir=None):
+                 on_nonfinite="raise", nonfinite_dir=None, fine_tune_in_inference_mode=False):
         _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
@@ -206,6 +210,8 @@ class Trainer:
         self._stop_on_nonfinite = False  # TerminateOnNaN given: stop instead of raising
         self._nonfinite_warned = 0
         self.retraces = []   # the user's tf.functions that retraced in the last fit
+        self.fine_tune_in_inference_mode = bool(fine_tune_in_inference_mode)
+        self._inference_calls_checked = False
         self.accumulate = accumulate
         self.clip_norm = clip_norm
         self.clip_value = clip_value
@@ -953,15 +959,31 @@ class Trainer:
         key = (kind + "_step", jit)
         if key not in self._loops:
             if kind == "train":
-                one = step.make_train_step(self.task, self._trackers, self._updaters(jit),
-                                           self.precision, self.counters, hooks=self.hooks,
-                                           capture=self._capture is not None)
+                one = self._watch_inference_calls(step.make_train_step(
+                    self.task, self._trackers, self._updaters(jit), self.precision,
+                    self.counters, hooks=self.hooks, capture=self._capture is not None))
             else:
                 one = step.make_test_step(self.task, self._trackers)
             one = self._count_traces(one, f"{kind}_step")
             self._loops[key] = step.compile_step(one, jit_compile=jit is True,
                                                  run_eagerly=self.run_eagerly)
         return self._loops[key]
+
+    def _watch_inference_calls(self, train_step):
+        """The step, which on its first run (a trace) reports trainable sub-models in inference mode."""
+        if self.fine_tune_in_inference_mode:
+            return train_step
+
+        def watched(batch):
+            if self._inference_calls_checked:
+                return train_step(batch)
+            with inference_mode.InferenceCalls(self.task.models) as calls:
+                result = train_step(batch)
+            self._inference_calls_checked = True
+            inference_mode.check(calls.found, self.task.updates)
+            return result
+
+        return watched
 
     def _updaters(self, mode):
         """One Updater per update for an execution mode; modes share state and precision."""

@@ -153,6 +153,7 @@ class _FileFacts:
         self.has_tape = False
         self.loss_scaling = False
         self.float16_policy_calls = []
+        self.frozen = set()        # names set `trainable = False` or passed to `.freeze(`
         assigns = []
         for node in _walk(tree):
             kind = type(node)
@@ -190,6 +191,8 @@ class _FileFacts:
 
     def _call(self, node):
         name = _call_name(node) or ""
+        if name.split(".")[-1] == "freeze":
+            self.frozen.update(k for k in map(_target_key, node.args[:1]) if k)
         if name == "GradientTape" or name.endswith(".GradientTape"):
             self.has_tape = True
         elif name.endswith("set_global_policy") and node.args:
@@ -201,6 +204,12 @@ class _FileFacts:
 
     def _assign(self, node):
         value = node.value
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and target.attr == "trainable" and \
+                    isinstance(value, ast.Constant) and value.value is False:
+                key = _target_key(target.value)
+                if key:
+                    self.frozen.add(key)
         if not isinstance(value, ast.Call):
             return
         if _is_tf_function(value.func):
@@ -421,6 +430,7 @@ class _Checker(ast.NodeVisitor):
             self.report(node, "TW107", what="tf.function created inside a loop: a new "
                                             "function, traced anew, each iteration")
         self._check_python_scalar_to_tf_function(node)
+        self._check_inference_mode_call(node)
         if name.split(".")[-1] in ("floordiv", "truncatediv") and len(node.args) == 2 and \
                 all(self._is_int_tensor(a) for a in node.args):
             self.report(node, "TW110", expr=f"{name}(...)")
@@ -430,6 +440,16 @@ class _Checker(ast.NodeVisitor):
             # A pipeline handed to training or iterated should end with prefetch.
             for arg in node.args[:1]:
                 self._check_consumed(arg)
+
+    def _check_inference_mode_call(self, node):
+        """TW112: a model the file knows, called with training=False, never frozen."""
+        training = next((k.value for k in node.keywords if k.arg == "training"), None)
+        if not (isinstance(training, ast.Constant) and training.value is False):
+            return
+        key = _target_key(node.func)
+        if key and self.facts.keras_objects.get(key) == "model" and \
+                key not in self.facts.frozen:
+            self.report(node, "TW112", name=key)
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
@@ -734,7 +754,8 @@ _TRIGGERS = re.compile(
     r"|\.trainable\s*="                               # TW108
     r"|\.(map|batch|padded_batch|shuffle)\("          # TW109
     r"|(?<![:/])//|floordiv|truncatediv"              # TW110 (not the // of a URL)
-    r"|mixed_float16")                                # TW111
+    r"|mixed_float16"                                 # TW111
+    r"|training\s*=\s*False")                          # TW112
 
 
 def check_source(source, path="<string>", select=None, ignore=()):

@@ -259,6 +259,32 @@ RULES = {rule.code: rule for rule in [
         "wrap the optimizer in `keras.optimizers.LossScaleOptimizer` and differentiate "
         "`optimizer.scale_loss(loss)`, or use `tapeworks.Trainer(precision=\"mixed_float16\")`.",
     ),
+    Rule(
+        "TW112", "trainable-model-in-inference-mode",
+        "`{name}` is called with training=False but never frozen: its weights are still "
+        "trained",
+        "`model(x, training=False)` is how a pretrained feature extractor is meant to be "
+        "used, but it does not stop the optimizer: unless the model's `trainable` is set to "
+        "False (or tapeworks' `Task.freeze` wraps it), every weight in it is updated. (And "
+        "in a Functional model, Keras 3 passes the outer call's training=True down over a "
+        "training=False given when the model was built, so even BatchNormalization trains "
+        "there.) Keras' transfer-learning guide freezes the base model first; a file that "
+        "fine-tunes later also sets `trainable = False` somewhere, which silences this rule.",
+        """
+        base = keras.applications.MobileNetV2(include_top=False)
+        features = base(inputs, training=False)
+        model = keras.Model(inputs, keras.layers.Dense(10)(features))
+        """,
+        """
+        base = keras.applications.MobileNetV2(include_top=False)
+        base.trainable = False
+        features = base(inputs, training=False)
+        model = keras.Model(inputs, keras.layers.Dense(10)(features))
+        """,
+        "set `base.trainable = False` before building and compiling (or `Task.freeze` it); "
+        "tapeworks' Trainer warns about the same at run time.",
+        title="a model called with training=False but never frozen (its weights still train)",
+    ),
 ]}
 
 PARSE_ERROR = "TW000"

@@ -318,6 +318,31 @@ CASES = [
         with tf.GradientTape() as tape:
             loss = f(model(x, training=True))
         """),
+    ("TW112", """
+        base = keras.applications.MobileNetV2(include_top=False)
+        features = base(inputs, training=False)
+        """, """
+        base = keras.applications.MobileNetV2(include_top=False)
+        base.trainable = False
+        features = base(inputs, training=False)
+        norm = keras.layers.BatchNormalization()
+        y = norm(x, training=False)
+        """),
+    ("TW112", """
+        class Distill(tapeworks.Task):
+            def __init__(self):
+                self.teacher = keras.Sequential([keras.layers.Dense(3)])
+            def compute_losses(self, batch, training):
+                return {"kd": f(self.teacher(batch, training=False))}
+        """, """
+        class Distill(tapeworks.Task):
+            def __init__(self):
+                self.teacher = self.freeze(keras.Sequential([keras.layers.Dense(3)]))
+                self.other = keras.Sequential([keras.layers.Dense(3)])
+                self.other.trainable = False
+            def compute_losses(self, batch, training):
+                return {"kd": f(self.teacher(batch, training=False), self.other(batch, training=False))}
+        """),
 ]
 
 

@@ -1,0 +1,92 @@
+"""A trainable sub-model called with training=False inside the step: named once, unless meant."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tapeworks import CorrectnessWarning, Task, Trainer
+
+
+def encoder_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                             keras.layers.BatchNormalization(), keras.layers.Dense(4)],
+                            name="encoder")
+
+
+class WithHead(keras.Model):
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, x, training=None):
+        return self.head(self.encoder(x, training=False))   # the pretrained-extractor idiom
+
+
+def with_head(encoder):
+    return WithHead(encoder)
+
+
+def test_keras_replaces_a_functional_models_baked_in_training_false():
+    """Why the check looks at calls, not at source: in a Functional model, Keras 3 passes
+    the outer call's training=True down, over a `training=False` given when it was built."""
+    encoder = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(encoder(inputs, training=False)))
+    before = encoder.layers[0].moving_mean.numpy().copy()
+    model(np.full((8, 3), 5.0, "float32"), training=True)
+    assert not np.allclose(before, encoder.layers[0].moving_mean.numpy())
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(16, 3)).astype("float32"), rng.normal(size=(16, 1)).astype("float32")
+
+
+def fit(model, **options):
+    trainer = Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2, **options)
+    trainer.fit(*data(), batch_size=8, epochs=2, verbose=0)
+    return trainer
+
+
+def test_a_trainable_encoder_in_inference_mode_is_named_once():
+    with pytest.warns(CorrectnessWarning, match=r"`encoder` is called with training=False.*"
+                      r"6 trainable variable\(s\).*encoder.trainable = False") as caught:
+        fit(with_head(encoder_model()))
+    assert sum("is called with training=False" in str(w.message) for w in caught) == 1
+
+
+@pytest.mark.parametrize("how", ["frozen", "meant"])
+def test_no_warning_when_frozen_or_meant(how):
+    encoder = encoder_model()
+    options = {}
+    if how == "frozen":
+        encoder.trainable = False
+    else:
+        options["fine_tune_in_inference_mode"] = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        fit(with_head(encoder), **options)
+
+
+class Probe(Task):
+    def __init__(self):
+        super().__init__()
+        self.encoder = encoder_model()
+        self.head = keras.layers.Dense(1, name="head")
+        self.add_update("all", "mse", [self.encoder, self.head], keras.optimizers.SGD(0.1))
+
+    def compute_losses(self, batch, training):
+        x, y = batch
+        features = self.encoder(x, training=False)
+        return {"mse": tf.reduce_mean(tf.square(self.head(features) - y))}
+
+
+def test_a_task_that_trains_an_encoder_it_calls_in_inference_mode():
+    trainer = Trainer(Probe(), jit_compile=False, steps_per_call=2)
+    with pytest.warns(CorrectnessWarning, match=r"`encoder`.*updated by 'all'"):
+        trainer.fit(*data(), batch_size=8, verbose=0)
