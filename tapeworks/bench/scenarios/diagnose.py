@@ -30,14 +30,17 @@ def run(quick=False, repeats=5):
         # The mode "auto" settles on without the check, then fixed for both.
         probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
                         on_nonfinite=None, plan_cache=False)
-        settle_trainer(probe, dataset)
+        # A shorter settling fit for the quick (test) run.
+        settle_seconds = 2.0 if quick else 20.0
+        settle_trainer(probe, dataset, long_fit_seconds=settle_seconds)
         mode = dict(jit_compile=probe.jit_compile, steps_per_call=probe.steps_per_call)
 
         def trained(policy, name, fixed):
             trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
                               on_nonfinite=policy, plan_cache=False, **(mode if fixed else {}))
             return Approach(name, lambda: (trainer.fit(dataset, verbose=0), samples)[1],
-                            setup=lambda: settle_trainer(trainer, dataset))
+                            setup=lambda: settle_trainer(trainer, dataset,
+                                                         long_fit_seconds=settle_seconds))
 
         fixed = f" [fixed {mode['jit_compile']}/{mode['steps_per_call']}]"
         names = {"base": UNCHECKED + " [auto]", "checked": CHECKED + " [auto]",
