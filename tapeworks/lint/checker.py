@@ -154,6 +154,7 @@ class _FileFacts:
         self.loss_scaling = False
         self.float16_policy_calls = []
         self.frozen = set()        # names set `trainable = False` or passed to `.freeze(`
+        self.input_names = set()   # names assigned a `keras.Input(...)`
         assigns = []
         for node in _walk(tree):
             kind = type(node)
@@ -204,6 +205,8 @@ class _FileFacts:
 
     def _assign(self, node):
         value = node.value
+        if isinstance(value, ast.Call) and (_call_name(value) or "").split(".")[-1] == "Input":
+            self.input_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for target in node.targets:
             if isinstance(target, ast.Attribute) and target.attr == "trainable" and \
                     isinstance(value, ast.Constant) and value.value is False:
@@ -442,9 +445,20 @@ class _Checker(ast.NodeVisitor):
                 self._check_consumed(arg)
 
     def _check_inference_mode_call(self, node):
-        """TW112: a model the file knows, called with training=False, never frozen."""
+        """TW112: a model the file knows, called with training=False, never frozen.
+
+        Only where training happens: under a tape (or in a train_step /
+        compute_loss(es)), or on a `keras.Input` while a model is built. An
+        evaluation call (`validation_step`, a test of inference) is what
+        training=False is for (two false positives in tf-models-official
+        before this condition).
+        """
         training = next((k.value for k in node.keywords if k.arg == "training"), None)
         if not (isinstance(training, ast.Constant) and training.value is False):
+            return
+        on_input = bool(node.args) and isinstance(node.args[0], ast.Name) and \
+            node.args[0].id in self.facts.input_names
+        if not (self.tapes or on_input):
             return
         key = _target_key(node.func)
         if key and self.facts.keras_objects.get(key) == "model" and \

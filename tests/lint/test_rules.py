@@ -320,13 +320,18 @@ CASES = [
         """),
     ("TW112", """
         base = keras.applications.MobileNetV2(include_top=False)
+        inputs = keras.Input((224, 224, 3))
         features = base(inputs, training=False)
         """, """
         base = keras.applications.MobileNetV2(include_top=False)
         base.trainable = False
+        inputs = keras.Input((224, 224, 3))
         features = base(inputs, training=False)
         norm = keras.layers.BatchNormalization()
         y = norm(x, training=False)
+        other = keras.Sequential([keras.layers.Dense(3)])
+        def validation_step(batch):
+            return other(batch, training=False)
         """),
     ("TW112", """
         class Distill(tapeworks.Task):
