@@ -14,6 +14,7 @@ was told fine-tuning in inference mode is meant
 
 import keras
 
+from tapeworks.engine.task import layers_of
 from tapeworks.errors import CorrectnessWarning, warn
 
 
@@ -29,10 +30,7 @@ class InferenceCalls:
     """
 
     def __init__(self, models):
-        self._ids = set()
-        for model in models:
-            for layer in model._flatten_layers(include_self=True, recursive=True):
-                self._ids.add(id(layer))
+        self._ids = {id(layer) for layer in layers_of(models, include_self=True)}
         self.found = []         # layers, outermost first, no duplicates
         self._inside = 0        # depth of calls under a training=False call
         self._original = None

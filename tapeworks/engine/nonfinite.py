@@ -34,7 +34,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.engine.precision import all_finite
+from tapeworks.engine.task import layers_of
 from tapeworks.errors import ConfigError, TapeworksError
 
 POLICIES = ("raise", "skip", "warn", None)
@@ -238,13 +238,7 @@ class _LayerRecorder:
     """
 
     def __init__(self, models, records):
-        self._layers = []
-        seen = set()
-        for model in models:
-            for layer in model._flatten_layers(include_self=False, recursive=True):
-                if id(layer) not in seen:
-                    seen.add(id(layer))
-                    self._layers.append(layer)
+        self._layers = layers_of(models)
         self._records = records
 
     def __enter__(self):

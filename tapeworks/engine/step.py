@@ -164,11 +164,8 @@ class Updater:
             self._apply(grads_and_vars)
             self.precision.on_applied()
 
-        def skip():
-            # A loss-scale overflow lowers the scale; a float32 skip does nothing more.
-            self.precision.on_skipped()
-
-        tf.cond(finite, apply, skip)
+        # A skip lowers a loss scale; for float32 the precision's skip is a no-op.
+        tf.cond(finite, apply, self.precision.on_skipped)
 
     def _prepared(self, grads_and_vars):
         """Clipping, then the gradient hooks: what the optimizer is given."""

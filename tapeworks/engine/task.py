@@ -368,6 +368,21 @@ def _compile(model, **given):
     model.compile(**config)
 
 
+def layers_of(models, include_self=False):
+    """Every layer of `models`, nested ones included, each once, in Keras' walk order.
+
+    `_flatten_layers` is Keras' own walk over nested layers; there is no
+    public equivalent that includes the layers of nested models.
+    """
+    found, seen = [], set()
+    for model in models:
+        for layer in model._flatten_layers(include_self=include_self, recursive=True):
+            if id(layer) not in seen:
+                seen.add(id(layer))
+                found.append(layer)
+    return found
+
+
 def batch_size(batch):
     x = batch[0] if isinstance(batch, tuple) else batch
     return batch_size_of(x)

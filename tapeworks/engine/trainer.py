@@ -384,10 +384,6 @@ class Trainer:
         self._build(train.dataset.element_spec)
         self._guard.reset()
         self._nonfinite_warned = 0
-        self._stop_on_nonfinite = any(isinstance(c, keras.callbacks.TerminateOnNaN)
-                                      for c in (callbacks.callbacks if isinstance(
-                                          callbacks, keras.callbacks.CallbackList)
-                                          else callbacks or []))
         self._ensure_planner()
         if train.batch_size and self._plan_key is None:
             self._use_plan_cache(train.batch_size)
@@ -397,6 +393,8 @@ class Trainer:
         end_line = EpochEndLine()
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = callbacks.callbacks
+        self._stop_on_nonfinite = any(isinstance(c, keras.callbacks.TerminateOnNaN)
+                                      for c in callbacks or [])
         callback_list = keras.callbacks.CallbackList(
             list(callbacks or []) + [end_line], add_history=True, add_progbar=False,
             model=self.model, verbose=verbose, epochs=epochs, steps=steps_known,

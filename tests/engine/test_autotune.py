@@ -129,8 +129,6 @@ def test_xla_failure_drops_only_the_failed_mode():
 def steady_cost(first=0.3, warm=0.3, step=0.002, overhead=0.001, xla_step=0.001,
                 xla_first=None):
     """A fake clock: first calls cost `first` (XLA: 4x), loop calls overhead + n x step."""
-    calls = {"n": 0}
-
     def cost(jit, steps, kind):
         if kind == "first":
             return xla_first if (jit and xla_first) else first * (1 if jit is False else 4)
