@@ -209,3 +209,16 @@ def test_doctor_quick_text(capsys):
     text = report.text()
     assert "FAIL  CUDA libraries" in text and "fix: pip install" in text
     assert report.to_json()["summary"]["fail"] == 2
+
+
+def test_a_tensorflow_that_fails_to_import_is_a_failed_check_with_the_fix():
+    from tapeworks.doctor import smoke
+
+    found = smoke.run(import_error=ImportError("libcudart.so.12: cannot open shared object"))
+    assert [c.id for c in found] == ["smoke_import"]
+    check = found[0]
+    assert check.status == checks.FAIL
+    assert check.found == "ImportError: libcudart.so.12: cannot open shared object"
+    assert "pip install --force-reinstall" in check.fix
+    report = doctor.Report(found, [])
+    assert not report.ok and report.to_json()["summary"]["fail"] == 1

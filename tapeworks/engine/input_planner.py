@@ -4,8 +4,10 @@
 (`tapeworks.data.pipeline.PARALLELISM`: tf.data's autotuning model on or off,
 single-threaded ops, one thread for all of it). Which is fastest depends on
 the machine and on what else uses its cores: on 2 cores, where the training
-step and the pipeline compete, turning tf.data's model off trained 1.2x
-faster; with the step on an accelerator, tf.data's model is the better bet.
+step and the pipeline compete, fixed parallelism with single-threaded ops
+trained at 6,263 samples/s and tf.data's autotune at 5,461 while the Trainer
+measured (benchmarks/input.md); with the step on an accelerator the cores are
+the pipeline's alone, and tf.data's model may win there.
 So the Trainer measures: each way runs one whole epoch (a new iterator every
 epoch, so switching costs nothing and loses no data; all ways share the
 shuffle state, so the data and its order are the same), and the fastest is
