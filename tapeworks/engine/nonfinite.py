@@ -62,11 +62,11 @@ class NonFiniteGuard(tf.Module):
     """The in-graph side: a verdict per update and one counter, in a variable.
 
     The normal path is kept to a handful of ops per update (measured by
-    `tapeworks bench diagnose`): every gradient's sum and the loss are added
+    `tapeworks bench diagnose`): every gradient's norm and the loss are added
     into one scalar, and that scalar's finiteness is the verdict. A NaN or an
-    Inf anywhere makes the total non-finite (Inf - Inf is NaN too); only
-    finite gradients whose sum overflows float32 (beyond 3e38) would be
-    flagged too, and those are no healthier. One counter holds the rest:
+    Inf anywhere makes the total non-finite; only finite gradients whose
+    squares overflow float32 (values beyond 1e19) would be flagged too, and
+    those are no healthier. One counter holds the rest:
     with "raise" the loop goes on while it is 0, and the host knows the bad
     step as the last one that ran.
     """
@@ -81,14 +81,17 @@ class NonFiniteGuard(tf.Module):
         """Whether a non-finite step's update is withheld ("raise", "skip")."""
         return self.policy in ("raise", "skip")
 
-    def verdict(self, loss, gradients, *, loss_scaled):
-        """True when `loss` (unscaled) and `gradients` are finite; counts a false one."""
+    def verdict(self, loss, norms, *, loss_scaled):
+        """True when `loss` (unscaled) and the gradients are finite; counts a false one.
+
+        `norms` are the gradients' norms (`gradient_health.gradient_norms`):
+        reductions the step needs anyway, so the verdict adds an `add_n`.
+        """
         total = tf.cast(loss, tf.float32)
         if not loss_scaled:
-            sums = [tf.reduce_sum(tf.cast(tf.convert_to_tensor(g), tf.float32))
-                    for g in gradients if g is not None]
-            if sums:
-                total = total + tf.add_n(sums)
+            norms = [n for n in norms if n is not None]
+            if norms:
+                total = total + tf.add_n(norms)
         finite = tf.math.is_finite(total)
         self.count.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         return finite

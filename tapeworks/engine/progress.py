@@ -67,7 +67,10 @@ class EpochProgress:
         self._bar.samples_per_second = samples_done / seconds
         if not finalize:
             self._bar.status = status
-        self._bar.update(steps_done, values=list(logs.items()), finalize=finalize)
+        # Per-layer monitor values (`gradient_norm/<layer>`) go to the logs,
+        # TensorBoard and `trainer.monitor_history`, not the bar.
+        values = [(k, v) for k, v in logs.items() if "/" not in k]
+        self._bar.update(steps_done, values=values, finalize=finalize)
 
     def finish(self, steps_done, samples_done, logs):
         """The epoch's last line, with what the callbacks added to `logs` at epoch end."""

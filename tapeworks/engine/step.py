@@ -25,7 +25,7 @@ sees the loss and the (gradient, variable) pairs of every update, in the graph.
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import guards
+from tapeworks.engine import gradient_health, guards
 from tapeworks.engine.precision import all_finite
 from tapeworks.engine.task import batch_size as task_batch_size
 
@@ -74,7 +74,7 @@ class Updater:
 
     def __init__(self, optimizer, precision, state, variables, *, clip_norm=None,
                  clip_value=None, allow_missing_gradients=False, hooks=None,
-                 fuse_update=False, guard=None):
+                 fuse_update=False, guard=None, dead=None, xla_step=False, monitor=None):
         # What the update trains, in the order of `state.gradients`. Kept here,
         # not on the tf.Module state, so checkpoints do not track them twice.
         self.variables = list(variables)
@@ -89,21 +89,35 @@ class Updater:
         self.hooks = hooks or StepHooks()
         # The non-finite check (`nonfinite.NonFiniteGuard`), shared by all updates.
         self.guard = guard
+        # This update's dead-gradient count (`gradient_health.DeadGradients`).
+        self.dead = dead
+        # Whether the step this updater is traced in is compiled by XLA.
+        self.xla_step = xla_step
+        # On the monitored variant of the step: `monitor.GradientMonitor`.
+        self.monitor = monitor
 
-    def add(self, gradients, variables, batch_size, loss=None, verdict=None):
+    def add(self, gradients, variables, batch_size, loss=None, verdict=None, norms=None):
         """Takes one micro-batch's unscaled gradients; updates when the window is full.
 
         `loss` (unscaled) is for the non-finite check; `verdict`, when the step
-        judged its updates together, is that judgement. Returns the verdict
-        that withholds this micro-batch (None when nothing is withheld).
+        judged its updates together, is that judgement, and `norms` the
+        gradients' norms it used. Returns the verdict that withholds this
+        micro-batch (None when nothing is withheld).
         """
         grads_and_vars = guards.check_gradients(
             gradients, variables, allow_missing=self.allow_missing_gradients)
         finite = (all_finite([g for g, _ in grads_and_vars])
                   if self.precision.checks_finite else None)
-        if self.guard is not None and self.guard.policy is not None:
+        guarded = self.guard is not None and self.guard.policy is not None
+        if norms is None and ((guarded and verdict is None) or self.dead is not None):
+            # One reduction per gradient serves the non-finite check and the
+            # dead-gradient count alike (None for a missing gradient).
+            norms = gradient_health.gradient_norms(gradients, xla=self.xla_step)
+        if self.dead is not None:
+            self.dead.observe(variables, norms)
+        if guarded:
             if verdict is None:
-                verdict = self.guard.verdict(loss, [g for g, _ in grads_and_vars],
+                verdict = self.guard.verdict(loss, norms,
                                              loss_scaled=self.precision.checks_finite)
             if self.guard.blocks_update:
                 # A withheld update goes the way of a loss-scale overflow: not
@@ -149,6 +163,14 @@ class Updater:
         state.window_finite.assign(True)
 
     def _apply_or_skip(self, grads_and_vars, finite):
+        if self.monitor is not None:
+            self.monitor.record(grads_and_vars,
+                                lambda: self._apply_or_skip_now(grads_and_vars, finite),
+                                xla=self.xla_step)
+        else:
+            self._apply_or_skip_now(grads_and_vars, finite)
+
+    def _apply_or_skip_now(self, grads_and_vars, finite):
         if finite is None:
             self._apply(grads_and_vars)
             return
@@ -254,7 +276,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                 unscaled.append(objective)
                 objectives.append(precision.scale_loss(objective))
         size = task_batch_size(batch)
-        gradients_of, step_verdict = {}, None
+        gradients_of, norms_of, step_verdict = {}, {}, None
         if len(updates) > 1 and guard is not None and guard.blocks_update:
             # Several updates: every update's verdict before any is applied, so
             # a non-finite generator also withholds the discriminator's update
@@ -268,8 +290,10 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                 if update.every == 1:
                     gradients_of[index] = precision.unscale(
                         tape.gradient(objective, updater.variables))
+                    norms_of[index] = gradient_health.gradient_norms(
+                        gradients_of[index], xla=updater.xla_step)
                     verdicts.append(guard.verdict(
-                        loss, gradients_of[index], loss_scaled=precision.checks_finite))
+                        loss, norms_of[index], loss_scaled=precision.checks_finite))
             if verdicts:
                 step_verdict = tf.reduce_all(tf.stack(verdicts))
         kept = []   # the verdicts that withheld this step's updates
@@ -280,7 +304,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                 variables = updater.variables
                 if index in gradients_of:
                     verdict = updater.add(gradients_of[index], variables, size,
-                                          verdict=step_verdict)
+                                          verdict=step_verdict, norms=norms_of[index])
                 else:
                     gradients = precision.unscale(tape.gradient(objective, variables))
                     verdict = updater.add(gradients, variables, size, loss=loss)

@@ -22,8 +22,9 @@ import tensorflow as tf
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import sources
 from tapeworks.engine import autotune
-from tapeworks.engine import callback_bridge, data_stage, guards, inputs, step
+from tapeworks.engine import callback_bridge, data_stage, gradient_health, guards, inputs, step
 from tapeworks.engine import inference_mode
+from tapeworks.engine import monitor as monitor_lib
 from tapeworks.engine import input_planner as input_planner_lib
 from tapeworks.engine import nonfinite as nonfinite_lib
 from tapeworks.engine import capture as capture_lib
@@ -102,6 +103,20 @@ class Trainer:
         fine_tune_in_inference_mode: say that training the variables of a
             sub-model called with `training=False` is meant (otherwise a
             warning names it once: the usual intent is a frozen extractor).
+        dead_gradient_steps: warn, naming them and the likely cause, about
+            trainable variables whose gradient has been exactly zero for this
+            many consecutive steps (a dead ReLU, a round/argmax/int cast on
+            the path, a helper left trainable). None turns the check off.
+        monitor_every: every this many steps, compute each layer's gradient
+            norm, weight norm and update/weight ratio in the graph (on a
+            variant of the step run for that one step; the other steps are
+            untouched), keep them in `trainer.monitor_history`, add them to
+            the logs (`gradient_norm/<layer>`, `weight_norm/<layer>`,
+            `update_ratio/<layer>`), write them to TensorBoard when a
+            `keras.callbacks.TensorBoard` is among the callbacks (with
+            gradient histograms when its `histogram_freq` > 0), and warn when
+            a layer's gradient norm explodes (100x its running median) or
+            vanishes (1/100). Steps per call are capped at this number.
 
     Accumulation: the update is the gradient of the mean loss over every
     sample of the window (micro-batches weighted by their size), which equals
@@ -137,7 +152,8 @@ class Trainer:
                  run_eagerly=None, allow_missing_gradients=False, accumulate=1,
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
                  check_data=True, diagnose_input=False, deterministic=False, plan_cache=None,
-                 on_nonfinite="raise", nonfinite_dir=None, fine_tune_in_inference_mode=False):
+                 on_nonfinite="raise", nonfinite_dir=None, fine_tune_in_inference_mode=False,
+                 dead_gradient_steps=50, monitor_every=None):
         _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
@@ -211,6 +227,38 @@ class Trainer:
         self._nonfinite_warned = 0
         self.retraces = []   # the user's tf.functions that retraced in the last fit
         self.fine_tune_in_inference_mode = bool(fine_tune_in_inference_mode)
+        if dead_gradient_steps is not None and not (
+                isinstance(dead_gradient_steps, int) and not isinstance(dead_gradient_steps, bool)
+                and dead_gradient_steps >= 1):
+            raise ConfigError(
+                "`dead_gradient_steps` must be None or an integer >= 1. Received: "
+                f"dead_gradient_steps={dead_gradient_steps!r}. It is how many consecutive "
+                "steps of exactly zero gradient make a variable reported as not training.")
+        self.dead_gradient_steps = dead_gradient_steps
+        if monitor_every is not None and not (
+                isinstance(monitor_every, int) and not isinstance(monitor_every, bool)
+                and monitor_every >= 1):
+            raise ConfigError(
+                "`monitor_every` must be None or an integer >= 1. Received: "
+                f"monitor_every={monitor_every!r}. Fix: e.g. monitor_every=100 computes the "
+                "per-layer gradient statistics on every 100th step.")
+        if monitor_every and isinstance(steps_per_call, int) and steps_per_call > monitor_every:
+            raise ConfigError(
+                f"`steps_per_call` ({steps_per_call}) is larger than `monitor_every` "
+                f"({monitor_every}): monitored steps would be further apart than asked. "
+                "Expected steps_per_call <= monitor_every. Fix: lower steps_per_call or use "
+                "\"auto\".")
+        self.monitor_every = monitor_every
+        self._monitors = []           # one GradientMonitor per update, created in _build
+        self._monitor_report = monitor_lib.MonitorReport()
+        self._host_step = 0           # the step counter as the host last knew it
+        self._monitor_next = None     # the step at which the next monitored call is due
+        self._monitor_records = 0     # records read so far (all monitors together)
+        self._dead = []               # one DeadGradients per update, created in _build
+        # Kept across fits: consecutive steps are consecutive in an
+        # epoch-by-epoch fit loop too, and each variable is named once.
+        self._dead_unchecked = 0      # steps run since the host last read the counts
+        self._dead_reported = set()
         self._inference_calls_checked = False
         self.accumulate = accumulate
         self.clip_norm = clip_norm
@@ -384,6 +432,7 @@ class Trainer:
         self._build(train.dataset.element_spec)
         self._guard.reset()
         self._nonfinite_warned = 0
+        self._host_step, self._monitor_next = int(self.counters.step), None
         self._ensure_planner()
         if train.batch_size and self._plan_key is None:
             self._use_plan_cache(train.batch_size)
@@ -395,6 +444,7 @@ class Trainer:
             callbacks = callbacks.callbacks
         self._stop_on_nonfinite = any(isinstance(c, keras.callbacks.TerminateOnNaN)
                                       for c in callbacks or [])
+        self._keep_gradients_for(callbacks or [])
         callback_list = keras.callbacks.CallbackList(
             list(callbacks or []) + [end_line], add_history=True, add_progbar=False,
             model=self.model, verbose=verbose, epochs=epochs, steps=steps_known,
@@ -432,6 +482,7 @@ class Trainer:
             if steps_known:
                 self._planner.limit_steps(max(1, steps_known // 2))
             epoch_logs = dict(logs)
+            epoch_logs.update(self._monitor_report.logs())
             if self.diagnose_input_after_first_epoch and epoch == initial_epoch:
                 self.input_report = self.diagnose_input(train.dataset)
                 if verbose:
@@ -495,7 +546,9 @@ class Trainer:
     def _ensure_planner(self):
         if self._planner is None:
             self._planner = autotune.CallPlanner(
-                self._jit_setting, self._steps_setting, max_steps=self.capture_every,
+                self._jit_setting, self._steps_setting,
+                max_steps=min(filter(None, (self.capture_every, self.monitor_every)),
+                              default=None),
                 xla_available=not self.run_eagerly and not self.deterministic and all(
                     _model_supports_xla(m) for m in self.task.models),
                 # Mixed precision gained most from XLA on the update alone (the
@@ -525,6 +578,9 @@ class Trainer:
             self._planner.reconsider()
             probe = self._planner.next_call()
             num_steps = probe.steps
+            monitored = self._monitor_due(probe)
+            if monitored:
+                num_steps = self._monitored_call_steps()
             if epoch_steps:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
@@ -533,13 +589,20 @@ class Trainer:
             callback_list.on_train_batch_begin(steps_done)
             try:
                 ran, samples, call_logs, seconds = self._run_train_call(
-                    probe, iterator, num_steps, steps_done)
+                    probe, iterator, num_steps, steps_done, monitored=monitored)
             except tf.errors.DataLossError as error:
                 # tf.data names neither the file nor the record: find them.
                 raise sources.corruption_error(batches.prepared.dataset, error) from error
             batches.consumed(ran)
             if ran:
-                self._planner.record(probe, num_steps, ran, samples, seconds)
+                self._host_step += ran
+                self._check_dead_gradients(ran)
+                if monitored:
+                    # Not a measurement of the mode: the monitored step does more.
+                    self._planner.steps_trained += ran
+                    call_logs.update(self._deliver_monitor(callback_list))
+                else:
+                    self._planner.record(probe, num_steps, ran, samples, seconds)
                 if self._plan_cache is not None and self._plan_key is None:
                     # The batch size was not known before: now it is.
                     self._use_plan_cache(samples // ran)
@@ -565,10 +628,10 @@ class Trainer:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
         return steps_done, samples_done, logs
 
-    def _run_train_call(self, probe, iterator, num_steps, steps_done=0):
+    def _run_train_call(self, probe, iterator, num_steps, steps_done=0, monitored=False):
         if probe.first:
             return self._run_first_step(probe.jit, iterator, steps_done)
-        loop = self._loop("train", probe.jit)
+        loop = self._loop("train", probe.jit, monitored)
         start = time.perf_counter()
         with guards.inside_step():
             ran, samples, logs, *last = loop(iterator, tf.constant(num_steps, tf.int64))
@@ -594,6 +657,72 @@ class Trainer:
             self.model.stop_training = True
             return
         raise nonfinite_lib.NonFiniteError(text, report)
+
+    def _monitor_due(self, probe):
+        """Whether the next call is the monitored one (`monitor_every`).
+
+        It is due once the step counter reaches the next k-th step; a mode's
+        first call (drawn and timed on its own while tuning) goes first.
+        """
+        if not self._monitors or probe.first:
+            return False
+        if self._monitor_next is None:
+            every = self.monitor_every
+            self._monitor_next = (self._host_step // every + 1) * every - 1
+        return self._host_step >= self._monitor_next
+
+    def _monitored_call_steps(self):
+        """One step; with accumulation, up to the step that closes the window."""
+        if self.accumulate == 1:
+            return 1
+        return self.accumulate - int(self.states[0].micro_step)
+
+    def _deliver_monitor(self, callback_list):
+        """After a monitored call: statistics per layer into the history, logs and TensorBoard."""
+        every, last = self.monitor_every, self._host_step - 1
+        self._monitor_next = ((last + 1) // every + 1) * every - 1
+        records = sum(int(m.records) for m in self._monitors)
+        if records == self._monitor_records:
+            return {}   # the data ended before the window closed: nothing was recorded
+        self._monitor_records = records
+        stats = monitor_lib.layer_stats(self._monitors, gradient_health.owners(self.task.models))
+        self._monitor_report.add(last, stats)
+        self._monitor_report.write_tensorboard(callback_list.callbacks, self._monitors, last)
+        return self._monitor_report.logs()
+
+    def _keep_gradients_for(self, callbacks):
+        """Gradient histograms for a TensorBoard callback that asks for histograms."""
+        wanted = any(isinstance(c, keras.callbacks.TensorBoard) and c.histogram_freq
+                     for c in callbacks)
+        if not self._monitors or not wanted or self._monitors[0].gradients is not None:
+            return
+        for monitor in self._monitors:
+            monitor.keep_gradients()
+        # A monitored step traced before has no buffers to write: trace it again.
+        for key in [k for k in self._loops if isinstance(k, tuple) and k[-1] is True
+                    and k[0] in ("train", "train_step", "updaters")]:
+            del self._loops[key]
+
+    @property
+    def monitor_history(self):
+        """What `monitor_every` recorded: `[{"step": s, "layers": {layer: {...}}}]`."""
+        return self._monitor_report.history
+
+    def _check_dead_gradients(self, steps_run):
+        """Every `dead_gradient_steps` steps: one read of the counts, a warning for new dead ones."""
+        if not self._dead:
+            return
+        self._dead_unchecked += steps_run
+        if self._dead_unchecked < self.dead_gradient_steps:
+            return
+        self._dead_unchecked = 0
+        found = [v for dead in self._dead for v in dead.dead()
+                 if id(v) not in self._dead_reported]
+        if found:
+            self._dead_reported.update(id(v) for v in found)
+            warn(gradient_health.dead_message(found, self.dead_gradient_steps,
+                                              gradient_health.owners(self.task.models)),
+                 CorrectnessWarning)
 
     def _warn_nonfinite(self):
         """The "warn" policy: a warning when more non-finite steps were applied."""
@@ -940,6 +1069,13 @@ class Trainer:
                 self.states.append(step.UpdateState(variables, self.accumulate))
             self.counters = task_lib.Counters()
             self._guard = nonfinite_lib.NonFiniteGuard(self.on_nonfinite)
+            if self.monitor_every:
+                self._monitors = [monitor_lib.GradientMonitor(u.variables())
+                                  for u in self.task.updates]
+            if self.dead_gradient_steps:
+                self._dead = [gradient_health.DeadGradients(u.variables(),
+                                                            self.dead_gradient_steps)
+                              for u in self.task.updates]
             if self.capture_every:
                 if not self.task._capture_specs:
                     raise ConfigError(
@@ -952,17 +1088,17 @@ class Trainer:
                 self.task.check_helpers()
             self._built = True
 
-    def _step(self, kind, jit):
+    def _step(self, kind, jit, monitored=False):
         """One compiled step ("train" or "test"), cached per execution mode."""
-        key = (kind + "_step", jit)
+        key = (kind + "_step", jit, monitored)
         if key not in self._loops:
             if kind == "train":
                 one = self._watch_inference_calls(step.make_train_step(
-                    self.task, self._trackers, self._updaters(jit), self.precision,
+                    self.task, self._trackers, self._updaters(jit, monitored), self.precision,
                     self.counters, hooks=self.hooks, capture=self._capture is not None))
             else:
                 one = step.make_test_step(self.task, self._trackers)
-            one = self._count_traces(one, f"{kind}_step")
+            one = self._count_traces(one, f"{kind}_step" + ("_monitored" if monitored else ""))
             self._loops[key] = step.compile_step(one, jit_compile=jit is True,
                                                  run_eagerly=self.run_eagerly)
         return self._loops[key]
@@ -983,9 +1119,12 @@ class Trainer:
 
         return watched
 
-    def _updaters(self, mode):
-        """One Updater per update for an execution mode; modes share state and precision."""
-        key = ("updaters", mode)
+    def _updaters(self, mode, monitored=False):
+        """One Updater per update for an execution mode; modes share state and precision.
+
+        `monitored`: the updaters of the monitored step (`monitor_every`).
+        """
+        key = ("updaters", mode, monitored)
         if key not in self._loops:
             self._loops[key] = [
                 step.Updater(update.optimizer, self.precision, state, update.variables(),
@@ -993,18 +1132,21 @@ class Trainer:
                              allow_missing_gradients=self.allow_missing_gradients,
                              hooks=self.hooks,
                              fuse_update=mode == "update" and not self.run_eagerly,
-                             guard=self._guard)
-                for update, state in zip(self.task.updates, self.states)]
+                             guard=self._guard,
+                             dead=self._dead[index] if self._dead else None,
+                             xla_step=mode is True and not self.run_eagerly,
+                             monitor=self._monitors[index] if monitored else None)
+                for index, (update, state) in enumerate(zip(self.task.updates, self.states))]
         return self._loops[key]
 
-    def _loop(self, kind, jit):
+    def _loop(self, kind, jit, monitored=False):
         """N steps per call over an iterator, cached per execution mode."""
-        key = (kind, jit)
+        key = (kind, jit, monitored)
         if key not in self._loops:
             capture = kind == "train" and self._capture is not None
             halts = kind == "train" and self.on_nonfinite == "raise"
             self._loops[key] = step.make_loop(
-                self._step(kind, jit),
+                self._step(kind, jit, monitored),
                 self._train_results if kind == "train" else self._results,
                 run_eagerly=self.run_eagerly, strategy=self._strategy,
                 on_outputs=self._record_capture if capture else None,

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tapeworks import CorrectnessWarning, NonFiniteError, Task, Trainer
+from tapeworks.engine.gradient_health import gradient_norms
 from tapeworks.engine.nonfinite import NonFiniteGuard, check_policy
 from tapeworks.errors import ConfigError
 
@@ -217,18 +218,23 @@ def test_policy_is_checked():
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_guard_verdict_by_hand(policy):
     guard = NonFiniteGuard(policy)
-    ok = guard.verdict(tf.constant(1.0), [tf.ones(3), None], loss_scaled=False)
+
+    def verdict(loss, gradients, loss_scaled=False):
+        return guard.verdict(tf.constant(loss), gradient_norms(gradients),
+                             loss_scaled=loss_scaled)
+
+    ok = verdict(1.0, [tf.ones(3), None])
     assert bool(ok) and int(guard.count) == 0 and not guard.halted
     assert bool(guard.should_continue())
-    # Inf in one gradient, -Inf in another: their sum is NaN, still caught.
-    bad = guard.verdict(tf.constant(1.0), [tf.constant([1.0, np.inf]), tf.constant([-np.inf])],
-                        loss_scaled=False)
+    # Inf in one gradient, -Inf in another: caught (norms do not cancel).
+    bad = verdict(1.0, [tf.constant([1.0, np.inf]), tf.constant([-np.inf])])
     assert not bool(bad) and int(guard.count) == 1
     assert guard.halted == (policy == "raise") and not bool(guard.should_continue())
-    assert not bool(guard.verdict(tf.constant(np.nan), [tf.ones(2)], loss_scaled=False))
+    assert not bool(verdict(np.nan, [tf.ones(2)]))
+    assert not bool(verdict(1.0, [tf.constant([0.0, np.nan])]))
     # Under loss scaling the gradients' verdict is the loss scale's.
-    assert bool(guard.verdict(tf.constant(1.0), [tf.constant([np.inf])], loss_scaled=True))
-    assert int(guard.count) == 2
+    assert bool(verdict(1.0, [tf.constant([np.inf])], loss_scaled=True))
+    assert int(guard.count) == 3
     guard.reset()
     assert int(guard.count) == 0 and not guard.halted
 

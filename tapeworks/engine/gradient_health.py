@@ -1,0 +1,123 @@
+"""Gradients that say something is wrong before the loss does: dead variables.
+
+The step already reduces every gradient to one number for the non-finite
+check (`nonfinite.NonFiniteGuard`); that number is each gradient's Euclidean
+norm (`gradient_norms`), so the same reduction also tells which gradients are
+identically zero, and gives the gradient monitor its norms
+(`monitor.GradientMonitor`). `tf.math.reduce_euclidean_norm` is one kernel
+and one pass over the gradient, the cost `reduce_sum` had.
+
+`DeadGradients` keeps, per trainable variable, how many steps in a row its
+gradient was exactly zero, in one int32 vector variable (a checkpoint holds
+it; the normal path adds four ops per update, whatever the model's size).
+The host reads it every `k` steps and names the variables that reached `k`:
+a variable that never moves is a bug users otherwise find at the end of a
+run, if ever.
+"""
+
+import tensorflow as tf
+
+from tapeworks.engine.task import layers_of
+
+# Activations after which a layer's gradient is zero for every sample once
+# all its pre-activations are negative (a "dead" unit).
+_RELU_NAMES = ("relu", "relu6", "hard_sigmoid")
+
+
+def gradient_norms(gradients, xla=False):
+    """One float32 Euclidean norm per gradient (None stays None).
+
+    A NaN or Inf anywhere makes its norm non-finite; an identically zero
+    gradient has norm 0. Squares of values below about 1e-19 underflow, so
+    a gradient that small everywhere also reads 0: it has vanished either way.
+    Sparse gradients (embeddings) are reduced over their values, not densified.
+    `xla`: the step is compiled by XLA, which has no kernel for TensorFlow's
+    one-pass `EuclideanNorm` but fuses square-and-sum into one pass itself.
+    """
+    norms = []
+    for g in gradients:
+        if g is None:
+            norms.append(None)
+            continue
+        values = tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32)
+        if xla:
+            norms.append(tf.sqrt(tf.reduce_sum(tf.square(values))))
+        else:
+            norms.append(tf.math.reduce_euclidean_norm(values))
+    return norms
+
+
+class DeadGradients(tf.Module):
+    """Consecutive all-zero gradient steps, per variable of one update."""
+
+    def __init__(self, variables, steps):
+        super().__init__(name="dead_gradients")
+        self.steps = steps
+        # A plain list, hidden from tf.Module's tracking: these are the
+        # model's variables, not this module's (checkpoints hold them once).
+        self._watched = tuple(variables)
+        self.zero_run = tf.Variable(tf.zeros([len(self._watched)], tf.int32),
+                                    trainable=False, name="zero_gradient_run")
+
+    def observe(self, variables, norms):
+        """In the graph: counts a zero gradient, resets the count on any other.
+
+        `variables` and `norms` are the pairs that had a gradient; a variable
+        with no gradient (allowed by `allow_missing_gradients`) never counts.
+        """
+        if not self._watched:
+            return
+        by_id = {id(v): n for v, n in zip(variables, norms) if n is not None}
+        full = tf.stack([by_id.get(id(v), tf.constant(-1.0)) for v in self._watched])
+        run = self.zero_run
+        run.assign(tf.where(tf.equal(full, 0.0), run + 1, tf.zeros_like(run)))
+
+    def dead(self):
+        """On the host: the variables whose gradient was zero for the last `steps` steps."""
+        runs = self.zero_run.numpy()
+        return [v for v, r in zip(self._watched, runs) if r >= self.steps]
+
+
+def owners(models):
+    """`id(variable) -> the innermost layer that holds it`, over every layer of `models`."""
+    found = {}
+    # layers_of walks parents before their sub-layers: the innermost owner wins.
+    for layer in layers_of(models):
+        for variable in layer.weights:
+            found[id(variable)] = layer
+    return found
+
+
+def dead_message(variables, steps, owner_of):
+    """One warning for variables whose gradient stayed zero, grouped by layer, with likely causes."""
+    by_layer = {}
+    for variable in variables:
+        layer = owner_of.get(id(variable))
+        name = layer.name if layer is not None else "?"
+        by_layer.setdefault(name, (layer, []))[1].append(_name(variable))
+    parts, causes = [], []
+    for name, (layer, names) in by_layer.items():
+        parts.append(f"{name} ({', '.join(names)})")
+        activation = getattr(getattr(layer, "activation", None), "__name__", "")
+        if activation in _RELU_NAMES:
+            causes.append(
+                f"layer {name!r} ends in {activation}: if every sample's pre-activation is "
+                "negative its units are dead (zero output, zero gradient); lower the "
+                "learning rate, check the input scale and initialisation, or use "
+                "leaky_relu/gelu")
+    causes.append(
+        "an op with a zero gradient between them and the loss (tf.sign, a hard threshold "
+        "such as tf.where(x > 0, 1.0, 0.0), a clip that always saturates), or their output "
+        "multiplied by zero, masked out or given a loss weight of 0")
+    causes.append(
+        "a helper that should be frozen but is still trainable (set `layer.trainable = "
+        "False` or use Task.freeze), or a layer whose output does not reach the loss")
+    return (
+        f"tapeworks: the gradient of {len(variables)} trainable variable(s) has been exactly "
+        f"zero for {steps} consecutive steps, so they do not train: {'; '.join(parts)}. "
+        f"Likely causes: {'; '.join(causes)}. To change how many steps count, pass "
+        "`dead_gradient_steps=` (None turns this check off).")
+
+
+def _name(variable):
+    return getattr(variable, "path", None) or variable.name
