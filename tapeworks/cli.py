@@ -164,6 +164,13 @@ def _doctor(args):
                        import_seconds=time.perf_counter() - start)
 
 
+def _explain(args):
+    from tapeworks import explain
+
+    _quiet_tensorflow()
+    return explain.run(args)
+
+
 def _cache(args):
     # The cache is plain files: no TensorFlow import needed.
     from tapeworks.engine import plan_cache
@@ -262,6 +269,15 @@ def build_parser():
                         help="print the report as JSON (schema tapeworks.doctor/1)")
     doctor.add_argument("--quick", action="store_true", help="skip the smoke training")
     doctor.set_defaults(run=_doctor)
+
+    from tapeworks import explain
+
+    explain_verb = verbs.add_parser(
+        "explain", help="where a step's time goes and what would help (module:function)",
+        description=explain.DESCRIPTION + " The function takes no arguments and returns "
+                                          "(trainer, data).")
+    explain.add_arguments(explain_verb)
+    explain_verb.set_defaults(run=_explain)
     return parser
 
 

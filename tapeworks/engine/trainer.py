@@ -807,6 +807,22 @@ class Trainer:
         self._reset_metrics()
         return diagnose_lib.report(dataset, pipeline, compute, training)
 
+    def explain(self, data, steps=20, batch_size=None, profile_dir=None, try_xla=True):
+        """Where a training step's time goes, and what would help here: an `Explanation`.
+
+        A short measured training on this trainer's compiled loop: input
+        wait, the step's compute, the host's cost per call, tracing and
+        compiling, retraces; then the changes that apply (steps per call,
+        XLA, prefetch, cache), each measured and ranked. Every variable is
+        restored afterwards: nothing is trained. `profile_dir` also writes a
+        TensorBoard profiler trace. `print(trainer.explain(data))` shows it;
+        see `tapeworks/explain.py`.
+        """
+        from tapeworks import explain as explain_lib
+
+        return explain_lib.explain(self, data, steps=steps, batch_size=batch_size,
+                                   profile_dir=profile_dir, try_xla=try_xla)
+
     def _split_capture(self, outputs):
         """A first step's outputs: records its captures, returns its batch size."""
         if self._capture is None:

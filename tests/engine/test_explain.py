@@ -1,0 +1,146 @@
+"""`Trainer.explain` and `python -m tapeworks.explain`: where the time goes, nothing trained.
+
+The two verdicts checked have margins of 10x and more on any machine: a
+one-unit Dense layer on batches of 8 (the host's cost per call, ~0.5 ms, is
+many times the step's compute), and a pipeline that sleeps 3 ms per example
+in Python (~100 ms per batch of 32, against a step under 1 ms).
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tapeworks import Trainer
+from tapeworks.explain import Explanation
+
+
+def tiny_trainer(**kwargs):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    return Trainer(model, "adam", "mse", **kwargs)
+
+
+def tiny_data(n=256):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def test_a_tiny_model_at_one_step_per_call_is_host_bound_and_nothing_is_trained():
+    trainer = tiny_trainer(steps_per_call=1, jit_compile=False)
+    x, y = tiny_data()
+    trainer.fit((x, y), batch_size=8, epochs=1, verbose=0)
+    weights = [w.copy() for w in trainer.model.get_weights()]
+    optimizer = [np.array(v) for v in trainer.optimizer.variables]
+    step = int(trainer.counters.step)
+    result = trainer.explain((x, y), batch_size=8, steps=10, try_xla=False)
+    assert isinstance(result, Explanation)
+    assert result.verdict == "host overhead", str(result)
+    assert result.changes[0].what == "steps_per_call=10", str(result)
+    assert result.changes[0].speedup > 1
+    assert result.batch_size == 8 and result.steps_per_call == 1 and result.mode is False
+    assert result.seconds_per_step == pytest.approx(
+        result.input_wait + result.compute + result.host)
+    text = str(result)
+    assert "Verdict: HOST OVERHEAD" in text and "1. steps_per_call=10" in text
+    # Nothing trained: weights, optimizer state and counters as they were.
+    for before, after in zip(weights, trainer.model.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    for before, after in zip(optimizer, trainer.optimizer.variables):
+        np.testing.assert_array_equal(before, np.array(after))
+    assert int(trainer.counters.step) == step
+    # And training goes on from there as if explain had not run.
+    trainer.fit((x, y), batch_size=8, epochs=1, verbose=0)
+    assert int(trainer.counters.step) == step + 32
+
+
+def slow_pipeline():
+    x, y = tiny_data(64)
+
+    def slow(row):
+        time.sleep(0.003)
+        return row
+
+    def load(row, target):
+        row = tf.numpy_function(slow, [row], tf.float32)
+        return tf.ensure_shape(row, [4]), target
+
+    return tf.data.Dataset.from_tensor_slices((x, y)).map(load).batch(32)
+
+
+def test_an_input_bound_run_is_named_with_the_input_fixes():
+    trainer = tiny_trainer(jit_compile=False, steps_per_call=1)
+    with pytest.warns(Warning):   # the data checker's findings on this pipeline
+        result = trainer.explain(slow_pipeline(), steps=3, try_xla=False)
+    assert result.verdict == "input-bound", str(result)
+    assert result.input_wait > 10 * result.compute
+    assert result.changes[0].what in ("cache", "prefetch"), str(result)
+    assert any(f.startswith("TD007") for f in result.findings)
+    assert "Verdict: INPUT-BOUND" in str(result)
+
+
+def test_xla_modes_are_measured_and_their_compile_time_reported():
+    trainer = tiny_trainer(jit_compile=False, steps_per_call=4)
+    x, y = tiny_data()
+    result = trainer.explain((x, y), batch_size=8, steps=6)
+    measured = {c.what.split(",")[0] for c in result.changes + result.tried}
+    assert {"jit_compile=True", "jit_compile='update'"} <= measured
+    assert result.compile_seconds[True] > 0 and result.compile_seconds["update"] > 0
+    assert json.loads(json.dumps(result.to_dict(), default=str))["mode"] == "tf.function"
+
+
+def test_profile_writes_a_tensorboard_trace(tmp_path):
+    trainer = tiny_trainer(jit_compile=False, steps_per_call=2)
+    x, y = tiny_data()
+    result = trainer.explain((x, y), batch_size=8, steps=4, try_xla=False,
+                             profile_dir=str(tmp_path / "profile"))
+    assert result.profile_dir == str(tmp_path / "profile")
+    assert glob.glob(str(tmp_path / "profile" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+
+
+def test_steps_and_eager_trainers_are_refused_clearly():
+    x, y = tiny_data()
+    with pytest.raises(Exception, match="steps` must be an integer >= 2"):
+        tiny_trainer().explain((x, y), batch_size=8, steps=1)
+    with pytest.raises(Exception, match="runs eagerly"):
+        tiny_trainer(run_eagerly=True, jit_compile=False).explain((x, y), batch_size=8)
+
+
+TARGET = textwrap.dedent("""
+    import keras
+    import numpy as np
+    import tapeworks
+
+    def make():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        x = np.zeros((64, 4), "float32")
+        return tapeworks.Trainer(model, "sgd", "mse", steps_per_call=1), (x, x[:, :1])
+""")
+
+
+@pytest.mark.slow
+def test_the_module_command_explains_a_named_entry_point(tmp_path):
+    (tmp_path / "my_training.py").write_text(TARGET)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, "-m", "tapeworks.explain", "my_training:make", "--steps", "4",
+         "--batch-size", "8", "--no-xla", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["batch_size"] == 8 and report["verdict"] in (
+        "host overhead", "compute-bound", "input-bound")
+    wrong = subprocess.run(
+        [sys.executable, "-m", "tapeworks.cli", "explain", "my_training:missing"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2
+    assert "`my_training` has no function `missing`" in wrong.stderr
