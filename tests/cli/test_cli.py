@@ -89,7 +89,7 @@ def test_bench_list():
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose"]
+        "diagnose", "bugs"]
 
 
 @pytest.mark.slow
