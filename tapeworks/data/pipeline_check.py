@@ -25,7 +25,7 @@ SMALL_SHUFFLE_SHARE = 0.1   # a buffer under a tenth of the examples shuffles on
 # time. Correctness findings are reported first.
 CATEGORIES = {"TD001": "performance", "TD002": "correctness", "TD003": "correctness",
               "TD004": "correctness", "TD005": "performance", "TD006": "correctness",
-              "TD007": "performance", "TD008": "correctness"}
+              "TD007": "performance", "TD008": "correctness", "TD009": "correctness"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +123,17 @@ def check_graph(graph, training=None):
     if training and not any(op in BATCHES for op in ops):
         add("TD008", "unbatched data fed to training: each step would see one example",
             chain[-1], "add `.batch(batch_size)` (tapeworks.data.pipeline does)")
+    sliced = chain and chain[0].op in IN_MEMORY_SOURCES and not any(
+        "Interleave" in op or "FlatMap" in op for op in ops)   # file names, then records
+    if training and sliced and shuffle_seen is None:
+        # Examples sliced from memory are in the order they were stored in
+        # (often sorted by class or time); files are usually shuffled
+        # upstream, and are left alone.
+        add("TD009", "training examples sliced from memory are never shuffled: every epoch "
+            "sees them in their stored order (sorted data gives batches of one class)",
+            chain[0], "`.shuffle(len(examples))` before `.batch()` (or "
+            "`tf.data.Dataset.from_tensor_slices(...).shuffle(n, reshuffle_each_iteration="
+            "True)`)")
     # Correctness first; codes in order within each category.
     return sorted(findings, key=lambda f: (f.category != "correctness", f.code))
 

@@ -14,10 +14,12 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.errors import (
+    CorrectnessWarning,
     DataSpecError,
     KerasLoopInStepError,
     LossError,
     MissingGradientError,
+    warn,
 )
 
 # Keras' own loops build a dataset, an iterator and a compiled function of
@@ -380,3 +382,51 @@ def _batched(dims):
     """The shape of an array of samples, with its first axis named."""
     return "(" + ", ".join(["num_samples"] + ["None" if d is None else str(d)
                                               for d in dims[1:]]) + ")"
+
+
+# Keras' probability losses, by the names `compile` accepts, and the
+# activation each expects on the model's output when from_logits is False.
+_PROBABILITY_LOSSES = {
+    "binary_crossentropy": "sigmoid", "bce": "sigmoid", "binary_focal_crossentropy": "sigmoid",
+    "categorical_crossentropy": "softmax", "cce": "softmax",
+    "sparse_categorical_crossentropy": "softmax", "categorical_focal_crossentropy": "softmax",
+}
+
+
+def check_output_matches_loss(model):
+    """Warns when a linear output (logits) feeds a loss that expects probabilities.
+
+    Keras warns about the opposite mistake (a softmax into `from_logits=True`),
+    not this one: the loss clips the logits into [1e-7, 1 - 1e-7] and trains
+    on almost no gradient, silently. Only a single loss on a single output
+    is looked at, given by name, as a Keras loss function or a Keras loss
+    object; the output layer must say its activation (`Dense`, `Conv*`).
+    """
+    from tapeworks.engine.precision import output_layers
+
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, str):
+        name, from_logits = loss, False
+    elif isinstance(loss, keras.losses.Loss):
+        name = getattr(getattr(loss, "fn", None), "__name__", "")
+        from_logits = bool(getattr(loss, "from_logits", False) or getattr(
+            loss, "_fn_kwargs", {}).get("from_logits", False))
+    elif callable(loss) and getattr(loss, "__module__", "").startswith("keras"):
+        name, from_logits = loss.__name__, False
+    else:
+        return
+    expects = _PROBABILITY_LOSSES.get(name)
+    layers = output_layers(model)
+    if expects is None or from_logits or len(layers) != 1:
+        return
+    activation = getattr(getattr(layers[0], "activation", None), "__name__", None)
+    if activation != "linear":
+        return
+    logits_loss = {"sigmoid": "BinaryCrossentropy", "softmax": (
+        "SparseCategoricalCrossentropy" if name.startswith("sparse") else
+        "CategoricalCrossentropy")}[expects]
+    warn(f"tapeworks: the output layer `{layers[0].name}` has no activation (its outputs are "
+         f"logits), but the loss `{name}` expects probabilities (from_logits=False): Keras "
+         "clips the logits into [1e-7, 1 - 1e-7], so most samples give almost no gradient. "
+         f"Fix: `loss=keras.losses.{logits_loss}(from_logits=True)` (numerically the better "
+         f"choice), or `activation=\"{expects}\"` on `{layers[0].name}`.", CorrectnessWarning)

@@ -13,6 +13,7 @@ was told fine-tuning in inference mode is meant
 """
 
 import keras
+import tensorflow as tf
 
 from tapeworks.engine.task import layers_of
 from tapeworks.errors import CorrectnessWarning, warn
@@ -72,3 +73,61 @@ def check(found, updates):
              f"frozen feature extractor, set `{layer.name}.trainable = False` before building "
              "the Trainer (or `Task.freeze` it); if fine-tuning in inference mode is meant, "
              "pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning)
+
+
+def built_in_inference(models):
+    """Layers a Functional model was built calling with `training=False` (`encoder(x, training=False)`).
+
+    Keras 3 does not keep that argument: under `fit` the outer call's
+    `training=True` reaches them (tests/engine/test_inference_mode.py), so
+    the call site the user wrote never shows at trace time. Read from the
+    model's graph (`_nodes_by_depth`: Keras' own record of each call and
+    its arguments; there is no public accessor).
+    """
+    found = []
+    for model in layers_of(models, include_self=True):
+        for nodes in getattr(model, "_nodes_by_depth", {}).values():
+            for node in nodes:
+                layer = node.operation
+                if (node.arguments.kwargs.get("training") is False
+                        and isinstance(layer, keras.layers.Layer) and layer not in found):
+                    found.append(layer)
+    return found
+
+
+def check_built(models, updates):
+    """Warns about layers built with training=False whose trainable variables an update trains."""
+    trained = {id(v) for update in updates for v in update.variables()}
+    for layer in built_in_inference(models):
+        count = sum(id(v) in trained for v in layer.trainable_variables)
+        if not count:
+            continue
+        warn(f"tapeworks: `{layer.name}` was called with training=False when its Functional "
+             f"model was built, but its {count} trainable variable(s) are trained, and Keras 3 "
+             "does not keep that training=False: under fit the outer training=True reaches "
+             f"`{layer.name}`, so it is fine-tuned in training mode (BatchNormalization "
+             "statistics move, Dropout is on). Fix: if it is a frozen feature extractor, set "
+             f"`{layer.name}.trainable = False` before building the Trainer; if fine-tuning is "
+             "meant, pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning)
+
+
+def check_frozen_batchnorm(models):
+    """Warns about frozen BatchNormalization layers whose statistics were never computed.
+
+    A frozen (trainable=False) BatchNormalization runs in inference mode with
+    its moving statistics; if those still hold their initial values (mean 0,
+    variance 1 everywhere), it normalises nothing: usually it was frozen
+    before it was trained, or before pretrained weights were loaded.
+    """
+    for layer in layers_of(models):
+        if not isinstance(layer, keras.layers.BatchNormalization) or layer.trainable:
+            continue
+        with tf.init_scope():   # called while the step is traced: read the values eagerly
+            mean, variance = layer.moving_mean.numpy(), layer.moving_variance.numpy()
+        if (mean == 0).all() and (variance == 1).all():
+            warn(f"tapeworks: BatchNormalization `{layer.name}` is frozen (trainable=False), "
+                 "so it runs in inference mode with its moving statistics, and those were "
+                 "never computed (mean 0 and variance 1, their initial values): it does not "
+                 "normalise its input. Fix: load the pretrained weights (or train it) before "
+                 f"freezing it, or leave `{layer.name}` trainable so its statistics follow "
+                 "the data.", CorrectnessWarning)

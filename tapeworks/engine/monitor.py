@@ -43,10 +43,10 @@ class GradientMonitor(tf.Module):
         super().__init__(name="gradient_monitor")
         # A plain tuple, hidden from tf.Module's tracking (the model's variables).
         self._watched = tuple(variables)
-        size = [len(self._watched)]
-        self.gradient_norm = tf.Variable(tf.zeros(size), trainable=False, name="gradient_norm")
-        self.weight_norm = tf.Variable(tf.zeros(size), trainable=False, name="weight_norm")
-        self.update_norm = tf.Variable(tf.zeros(size), trainable=False, name="update_norm")
+        # Rows: gradient norm, weight norm (before the update), update norm;
+        # one column per variable. One variable: the host reads it at once.
+        self.stats = tf.Variable(tf.zeros([3, len(self._watched)]), trainable=False,
+                                 name="monitor_stats")
         self.records = tf.Variable(0, dtype=tf.int64, trainable=False, name="records")
         self.gradients = None   # copies of the gradients, for histograms (`keep_gradients`)
 
@@ -80,11 +80,11 @@ class GradientMonitor(tf.Module):
         update_norms = gradient_health.gradient_norms(
             [a - b for a, b in zip(after, before)], xla=xla)
         position = {id(v): i for i, v in enumerate(variables)}
-        for target, values in ((self.gradient_norm, grad_norms),
-                               (self.weight_norm, weight_norms),
-                               (self.update_norm, update_norms)):
-            target.assign(tf.stack([values[position[id(v)]] if id(v) in position
-                                    else tf.constant(0.0) for v in self._watched]))
+        if self._watched:
+            self.stats.assign(tf.stack([
+                tf.stack([values[position[id(v)]] if id(v) in position else tf.constant(0.0)
+                          for v in self._watched])
+                for values in (grad_norms, weight_norms, update_norms)]))
         if self.gradients is not None:
             for buffer, v in zip(self.gradients, self._watched):
                 if id(v) in position:
@@ -97,9 +97,8 @@ def layer_stats(monitors, owner_of):
     """On the host: `{layer: {"gradient_norm", "weight_norm", "update_ratio"}}` from the monitors."""
     sums = {}
     for monitor in monitors:
-        values = zip(monitor.watched, monitor.gradient_norm.numpy(),
-                     monitor.weight_norm.numpy(), monitor.update_norm.numpy())
-        for variable, g, w, u in values:
+        gradient, weight, update = monitor.stats.numpy()
+        for variable, g, w, u in zip(monitor.watched, gradient, weight, update):
             layer = owner_of.get(id(variable))
             name = layer.name if layer is not None else variable.path.rsplit("/", 1)[0]
             total = sums.setdefault(name, [0.0, 0.0, 0.0])

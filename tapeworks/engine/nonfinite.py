@@ -123,6 +123,7 @@ class LayerOutput:
     finite: bool
     input_range: tuple     # (min, max) of the finite values of its first float input
     output_nonfinite: int  # how many values of its output are NaN or Inf
+    output_largest: float = float("nan")   # the largest finite magnitude of its output
 
 
 @dataclasses.dataclass
@@ -139,6 +140,8 @@ class NonFiniteReport:
     first_gradient: str = None
     batch_file: str = None
     batch_stats: list = dataclasses.field(default_factory=list)
+    loss_term: str = None      # a non-finite loss term while every layer output is finite
+    largest_output: float = float("nan")   # the largest finite magnitude of any layer output
 
 
 def localise(task, batch, counters, *, step, epoch, batch_index, directory=None):
@@ -168,6 +171,11 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None)
     report.loss_terms = {name: float(tf.reduce_mean(tf.cast(value, tf.float32)))
                          for name, value in losses.items()}
     report.first_layer = next((r for r in records if not r.finite), None)
+    if report.first_layer is None:
+        report.loss_term = next((name for name, value in report.loss_terms.items()
+                                 if not np.isfinite(value)), None)
+        report.largest_output = max((r.output_largest for r in records
+                                     if np.isfinite(r.output_largest)), default=float("nan"))
     # The update: the first whose loss is non-finite, else the first with a
     # non-finite gradient (whose variable is named when the forward is finite).
     for update, objective in zip(task.updates, objectives):
@@ -210,6 +218,20 @@ def message(report):
                  "sqrt of values <= 0, a division by zero, an exp that overflows); lower the "
                  "learning rate or clip gradients (`clip_norm=`) if the weights grew "
                  "too large.")
+    elif report.loss_term is not None and report.loss_terms[report.loss_term] in (
+            float("inf"), float("-inf")) and report.largest_output > 1e15:
+        cause = (f"Every layer's output is finite, but they reach {report.largest_output:.3g} "
+                 f"and the loss term {report.loss_term!r} overflows float32 ({_terms(report)}): "
+                 "the weights have grown until the outputs explode, usually a learning rate "
+                 "too high for the scale of the data (inputs or targets not normalised). Fix: "
+                 "lower the learning rate, normalise the inputs and targets (e.g. "
+                 "`keras.layers.Normalization`), or clip gradients (`clip_norm=`).")
+    elif report.loss_term is not None:
+        cause = (f"Every layer's output is finite, and the loss term {report.loss_term!r} is "
+                 f"non-finite on this batch ({_terms(report)}): the loss function itself "
+                 "makes it (a log of 0, 0/0, a sqrt of a negative value). Fix: add an epsilon "
+                 "or clip its input, e.g. `tf.math.log(tf.clip_by_value(p, 1e-7, 1.0))`, or "
+                 "use Keras' loss for it (on logits: `from_logits=True`).")
     elif report.first_gradient is not None:
         cause = (f"The forward pass is finite ({_terms(report)}); the first non-finite "
                  f"gradient is that of {report.first_gradient!r}. Fix: a function whose "
@@ -268,10 +290,11 @@ class _LayerRecorder:
         inputs = [t for t in tf.nest.flatten(args)
                   if isinstance(t, (tf.Tensor, tf.Variable, np.ndarray))
                   and tf.as_dtype(t.dtype).is_floating]
+        largest = max((abs(v) for t in values for v in _finite_range(t)), default=float("nan"))
         self._records.append(LayerOutput(
             layer=layer.name, class_name=type(layer).__name__, finite=bad == 0,
             input_range=_finite_range(inputs[0]) if inputs else (float("nan"),) * 2,
-            output_nonfinite=bad))
+            output_nonfinite=bad, output_largest=largest))
 
 
 def _named_tensors(batch):

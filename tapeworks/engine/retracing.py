@@ -141,7 +141,9 @@ class RetraceWatch:
 
     def _report(self, function, python_function, traces, found):
         name = getattr(python_function, "__qualname__", function.name)
-        code = getattr(python_function, "__code__", None)
+        # A decorated method's python_function wraps the method: its own code
+        # is TensorFlow's wrapper, the method's is behind `__wrapped__`.
+        code = getattr(inspect.unwrap(python_function), "__code__", None)
         where = f"{code.co_filename}:{code.co_firstlineno}" if code else "?"
         said = "; ".join(f"argument `{arg}` changed from {_say(old)} to {_say(new)}"
                          for arg, old, new in found)

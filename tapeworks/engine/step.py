@@ -410,7 +410,7 @@ def compile_step(step, *, jit_compile, run_eagerly):
 
 
 def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
-              should_continue=None):
+              should_continue=None, last_step=None):
     """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
 
     Runs up to `num_steps` steps, fewer when the data ends. `results()`
@@ -420,36 +420,54 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
     `should_continue` (a function returning a boolean tensor, read before
     each step), the loop also stops when it turns false, and returns the last
     batch it drew as a `tf.experimental.Optional` (carried through the loop
-    as a loop variable: no copy, no branch), for the host to look at.
+    as a loop variable: no copy, no branch), for the host to look at. With
+    `last_step`, the call's last step runs that step function instead of
+    `one_step` (the monitored variant of the step: `monitor_every`), after
+    the loop, so no step pays a branch for it.
     """
     strategy = strategy or tf.distribute.get_strategy()
     keep_last = should_continue is not None
 
+    def draw_and_run(step_fn, iterator, steps, samples):
+        """Draws a batch; runs `step_fn` on it if there was one."""
+        optional = iterator.get_next_as_optional()
+        kept = (optional,) if keep_last else ()
+
+        def run():
+            per_replica = strategy.run(step_fn, args=(optional.get_value(),))
+            if on_outputs is not None:
+                per_replica, extra = per_replica
+                on_outputs(extra)
+            batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            return steps + 1, samples + batch, tf.constant(False)
+
+        done = tf.cond(optional.has_value(), run,
+                       lambda: (steps, samples, tf.constant(True)))
+        return (*done, *kept)
+
     def loop(iterator, num_steps):
+        plain_steps = num_steps - 1 if last_step is not None else num_steps
+
         def body(steps, samples, exhausted, *last):
-            optional = iterator.get_next_as_optional()
-            kept = (optional,) if keep_last else ()
-
-            def run():
-                per_replica = strategy.run(one_step, args=(optional.get_value(),))
-                if on_outputs is not None:
-                    per_replica, extra = per_replica
-                    on_outputs(extra)
-                batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-                return steps + 1, samples + batch, tf.constant(False)
-
-            done = tf.cond(optional.has_value(), run,
-                           lambda: (steps, samples, tf.constant(True)))
-            return (*done, *kept)
+            return draw_and_run(one_step, iterator, steps, samples)
 
         def go_on(steps, samples, exhausted, *last):
-            going = tf.logical_and(steps < num_steps, tf.logical_not(exhausted))
+            going = tf.logical_and(steps < plain_steps, tf.logical_not(exhausted))
             return tf.logical_and(going, should_continue()) if keep_last else going
 
         start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
         if keep_last:
             start += (tf.experimental.Optional.empty(iterator.element_spec),)
-        steps, samples, _, *last = tf.while_loop(go_on, body, start)
+        carried = tf.while_loop(go_on, body, start)
+        if last_step is not None:
+            steps, samples, exhausted, *last = carried
+            going = tf.logical_and(steps < num_steps, tf.logical_not(exhausted))
+            if keep_last:
+                going = tf.logical_and(going, should_continue())
+            carried = tf.cond(going,
+                              lambda: draw_and_run(last_step, iterator, steps, samples),
+                              lambda: tuple(carried))
+        steps, samples, _, *last = carried
         return (steps, samples, results(), *last)
 
     if run_eagerly:

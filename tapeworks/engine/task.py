@@ -153,7 +153,16 @@ class Task:
         if not isinstance(every, int) or every < 1:
             raise ConfigError(f"`every` must be an integer >= 1. Received: every={every!r}")
         trains = list(trains) if isinstance(trains, (list, tuple)) else [trains]
-        update = Update(name, loss, trains, keras.optimizers.get(optimizer), every)
+        optimizer = keras.optimizers.get(optimizer)
+        shared = next((u for u in self._updates if u.optimizer is optimizer), None)
+        if shared is not None:
+            raise ConfigError(
+                f"Update {name!r} was given the optimizer instance that update "
+                f"{shared.name!r} already uses. A Keras optimizer keeps state (moments, step "
+                "count) for the variables it was built with, so two updates cannot share "
+                "one. Expected one optimizer per update. Fix: pass a new instance to each, "
+                "e.g. `keras.optimizers.Adam(2e-4)` twice, or the name (\"adam\").")
+        update = Update(name, loss, trains, optimizer, every)
         self._updates.append(update)
         return update
 

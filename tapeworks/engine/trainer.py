@@ -227,6 +227,8 @@ class Trainer:
         self._nonfinite_warned = 0
         self.retraces = []   # the user's tf.functions that retraced in the last fit
         self.fine_tune_in_inference_mode = bool(fine_tune_in_inference_mode)
+        self._setup_checked = False   # _first_fit_checks ran
+        self._decayed_warned = set()  # updates whose decayed learning rate was reported
         if dead_gradient_steps is not None and not (
                 isinstance(dead_gradient_steps, int) and not isinstance(dead_gradient_steps, bool)
                 and dead_gradient_steps >= 1):
@@ -253,7 +255,8 @@ class Trainer:
         self._monitor_report = monitor_lib.MonitorReport()
         self._host_step = 0           # the step counter as the host last knew it
         self._monitor_next = None     # the step at which the next monitored call is due
-        self._monitor_records = 0     # records read so far (all monitors together)
+        self._monitor_records = 0     # the first monitor's records, as last read
+        self._owners = None           # id(variable) -> its layer, for the monitor's report
         self._dead = []               # one DeadGradients per update, created in _build
         # Kept across fits: consecutive steps are consecutive in an
         # epoch-by-epoch fit loop too, and each variable is named once.
@@ -430,6 +433,7 @@ class Trainer:
                 "epoch), a keras.utils.PyDataset or a tf.data.Dataset; or make the "
                 "generator endless and set `steps_per_epoch`.")
         self._build(train.dataset.element_spec)
+        self._first_fit_checks()
         self._guard.reset()
         self._nonfinite_warned = 0
         self._host_step, self._monitor_next = int(self.counters.step), None
@@ -477,6 +481,7 @@ class Trainer:
                     and sum(self.traces.values()) == traces)
             train.on_epoch_end()
             self._close_partial_window()
+            self._check_learning_rates(epochs - epoch - 1)
             if steps_known is None and steps_per_epoch is None:
                 steps_known = steps_done
             if steps_known:
@@ -578,13 +583,13 @@ class Trainer:
             self._planner.reconsider()
             probe = self._planner.next_call()
             num_steps = probe.steps
-            monitored = self._monitor_due(probe)
-            if monitored:
-                num_steps = self._monitored_call_steps()
             if epoch_steps:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
+            monitored = self._monitor_due(probe, num_steps)
+            if monitored:
+                num_steps = self._monitored_call_steps(num_steps)
             iterator = batches.iterator()
             callback_list.on_train_batch_begin(steps_done)
             try:
@@ -597,12 +602,11 @@ class Trainer:
             if ran:
                 self._host_step += ran
                 self._check_dead_gradients(ran)
+                # A monitored call is measured too: one monitored step in a
+                # call is part of what training with the monitor costs.
+                self._planner.record(probe, num_steps, ran, samples, seconds)
                 if monitored:
-                    # Not a measurement of the mode: the monitored step does more.
-                    self._planner.steps_trained += ran
                     call_logs.update(self._deliver_monitor(callback_list))
-                else:
-                    self._planner.record(probe, num_steps, ran, samples, seconds)
                 if self._plan_cache is not None and self._plan_key is None:
                     # The batch size was not known before: now it is.
                     self._use_plan_cache(samples // ran)
@@ -658,34 +662,79 @@ class Trainer:
             return
         raise nonfinite_lib.NonFiniteError(text, report)
 
-    def _monitor_due(self, probe):
-        """Whether the next call is the monitored one (`monitor_every`).
+    def _first_fit_checks(self):
+        """Once per trainer: mistakes in how the model and its loss are set up (warnings)."""
+        if self._setup_checked:
+            return
+        self._setup_checked = True
+        if not any(update.variables() for update in self.task.updates):
+            names = ", ".join(f"`{m.name}`" for m in self.task.models)
+            warn(f"tapeworks: nothing is trainable: every weight of {names} is frozen "
+                 "(trainable=False), so fit changes no weight, only the metrics. Fix: set "
+                 "`model.trainable = True` (or on the layers to fine-tune) before creating "
+                 "the Trainer.", CorrectnessWarning)
+        if isinstance(self.task, task_lib.SupervisedTask):
+            guards.check_output_matches_loss(self.model)
 
-        It is due once the step counter reaches the next k-th step; a mode's
-        first call (drawn and timed on its own while tuning) goes first.
+    def _check_learning_rates(self, epochs_left):
+        """At an epoch's end: a schedule that has decayed the learning rate to about nothing.
+
+        A Keras schedule counts optimizer steps, so a `decay_steps` meant in
+        epochs decays hundreds of times too fast; training then stops moving
+        with no error. One read per optimizer per epoch; warned once.
+        """
+        if epochs_left <= 0:
+            return
+        for update in self.task.updates:
+            optimizer = update.optimizer
+            schedule = getattr(optimizer, "_learning_rate", None)
+            if (not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule)
+                    or update.name in self._decayed_warned):
+                continue
+            start = float(schedule(0))
+            now = float(optimizer.learning_rate)
+            if start > 0 and now < 1e-3 * start:
+                self._decayed_warned.add(update.name)
+                warn(f"tapeworks: the learning rate of update {update.name!r} has decayed to "
+                     f"{now:.3g} from {start:.3g} after {int(optimizer.iterations)} optimizer "
+                     f"steps, with {epochs_left} epoch(s) still to run: training has all but "
+                     f"stopped. Keras' schedules count optimizer steps (batches), not epochs. "
+                     f"Fix: check `decay_steps` of the {type(schedule).__name__} (e.g. "
+                     "epochs x steps per epoch).", CorrectnessWarning)
+
+    def _monitor_due(self, probe, num_steps):
+        """Whether the next call ends in the monitored step (`monitor_every`).
+
+        The monitored step is the last step of the first call that reaches
+        the next k-th step (steps per call are capped at k); a mode's first
+        call (one step drawn on its own while tuning) leaves it to the next.
         """
         if not self._monitors or probe.first:
             return False
         if self._monitor_next is None:
             every = self.monitor_every
             self._monitor_next = (self._host_step // every + 1) * every - 1
-        return self._host_step >= self._monitor_next
+        return self._host_step + num_steps - 1 >= self._monitor_next
 
-    def _monitored_call_steps(self):
-        """One step; with accumulation, up to the step that closes the window."""
+    def _monitored_call_steps(self, num_steps):
+        """With accumulation, a call length whose last step closes a window (it is monitored)."""
         if self.accumulate == 1:
-            return 1
-        return self.accumulate - int(self.states[0].micro_step)
+            return num_steps
+        pending = int(self.states[0].micro_step)
+        fitting = num_steps - (pending + num_steps) % self.accumulate
+        return fitting if fitting >= 1 else self.accumulate - pending
 
     def _deliver_monitor(self, callback_list):
         """After a monitored call: statistics per layer into the history, logs and TensorBoard."""
+        records = int(self._monitors[0].records)
+        if records == self._monitor_records:
+            return {}   # the data ended before the monitored step: it stays due
+        self._monitor_records = records
         every, last = self.monitor_every, self._host_step - 1
         self._monitor_next = ((last + 1) // every + 1) * every - 1
-        records = sum(int(m.records) for m in self._monitors)
-        if records == self._monitor_records:
-            return {}   # the data ended before the window closed: nothing was recorded
-        self._monitor_records = records
-        stats = monitor_lib.layer_stats(self._monitors, gradient_health.owners(self.task.models))
+        if self._owners is None:
+            self._owners = gradient_health.owners(self.task.models)
+        stats = monitor_lib.layer_stats(self._monitors, self._owners)
         self._monitor_report.add(last, stats)
         self._monitor_report.write_tensorboard(callback_list.callbacks, self._monitors, last)
         return self._monitor_report.logs()
@@ -1120,17 +1169,24 @@ class Trainer:
         return self._loops[key]
 
     def _watch_inference_calls(self, train_step):
-        """The step, which on its first run (a trace) reports trainable sub-models in inference mode."""
-        if self.fine_tune_in_inference_mode:
-            return train_step
+        """The step, which on its first run (a trace) reports how its models run.
 
+        Trainable sub-models in inference mode (unless fine-tuning in it is
+        meant) and frozen BatchNormalization layers with statistics never
+        computed: checked once, when the step is first traced (the weights
+        are final by then: a checkpoint read after `build_state` included).
+        """
         def watched(batch):
             if self._inference_calls_checked:
                 return train_step(batch)
+            self._inference_calls_checked = True
+            inference_mode.check_frozen_batchnorm(self.task.models)
+            if self.fine_tune_in_inference_mode:
+                return train_step(batch)
             with inference_mode.InferenceCalls(self.task.models) as calls:
                 result = train_step(batch)
-            self._inference_calls_checked = True
             inference_mode.check(calls.found, self.task.updates)
+            inference_mode.check_built(self.task.models, self.task.updates)
             return result
 
         return watched
@@ -1162,11 +1218,12 @@ class Trainer:
             capture = kind == "train" and self._capture is not None
             halts = kind == "train" and self.on_nonfinite == "raise"
             self._loops[key] = step.make_loop(
-                self._step(kind, jit, monitored),
+                self._step(kind, jit),
                 self._train_results if kind == "train" else self._results,
                 run_eagerly=self.run_eagerly, strategy=self._strategy,
                 on_outputs=self._record_capture if capture else None,
-                should_continue=self._guard.should_continue if halts else None)
+                should_continue=self._guard.should_continue if halts else None,
+                last_step=self._step(kind, jit, monitored=True) if monitored else None)
         return self._loops[key]
 
     def _predict_loop(self, element_spec):

@@ -36,6 +36,7 @@ BROKEN = {
         lambda x, y: (tf.numpy_function(np.tanh, [x], tf.float32), y),
         num_parallel_calls=AUTOTUNE).batch(32).prefetch(AUTOTUNE),
     "TD008": lambda: source().shuffle(1000).prefetch(AUTOTUNE),
+    "TD009": lambda: source().batch(32).prefetch(AUTOTUNE),
 }
 
 
@@ -59,12 +60,19 @@ def test_silence_on_the_builders_pipelines():
         built = data.pipeline((X, Y), batch_size=32, training=True, cache=cache,
                               map=lambda x, y: (x * 2, y), augment=jitter)
         assert codes(built) == []
-    assert codes(data.pipeline((X, Y), batch_size=32, training=False)) == []
+    assert codes(data.pipeline((X, Y), batch_size=32, training=False), training=False) == []
 
 
 def test_unbatched_is_only_a_finding_for_training():
     unbatched = source().shuffle(1000).prefetch(AUTOTUNE)
     assert codes(unbatched, training=False) == []
+
+
+def test_unshuffled_is_a_finding_for_training_on_slices_only():
+    assert codes(source().batch(32).prefetch(AUTOTUNE), training=False) == []
+    assert codes(source().shuffle(1000).batch(32).prefetch(AUTOTUNE)) == []
+    files = tf.data.TFRecordDataset([]).map(lambda r: r, num_parallel_calls=AUTOTUNE)
+    assert "TD009" not in codes(files.batch(32).prefetch(AUTOTUNE))
 
 
 def test_trainer_reports_findings_at_the_start_of_fit_as_warnings_once_per_dataset():
@@ -108,7 +116,7 @@ def test_performance_hints_are_skipped_for_data_sliced_from_memory():
     trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
     no_prefetch = source().map(lambda x, y: (x, tf.cast(y, tf.float32)))
     in_memory_no_prefetch = tf.data.Dataset.from_tensor_slices(
-        (X, Y.astype("float32"))).batch(100)
+        (X, Y.astype("float32"))).shuffle(1000).batch(100)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(in_memory_no_prefetch, verbose=0)

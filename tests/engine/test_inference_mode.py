@@ -65,6 +65,9 @@ def test_no_warning_when_frozen_or_meant(how):
     encoder = encoder_model()
     options = {}
     if how == "frozen":
+        # "Pretrained": statistics computed (a frozen, never-trained one is
+        # reported on its own, below).
+        encoder(np.random.default_rng(1).normal(size=(32, 3)).astype("float32"), training=True)
         encoder.trainable = False
     else:
         options["fine_tune_in_inference_mode"] = True
@@ -90,3 +93,39 @@ def test_a_task_that_trains_an_encoder_it_calls_in_inference_mode():
     trainer = Trainer(Probe(), jit_compile=False, steps_per_call=2)
     with pytest.warns(CorrectnessWarning, match=r"`encoder`.*updated by 'all'"):
         trainer.fit(*data(), batch_size=8, verbose=0)
+
+
+def functional_with_encoder(encoder):
+    inputs = keras.Input((3,))
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(encoder(inputs,
+                                                                           training=False)))
+
+
+def test_a_functional_model_built_with_a_trainable_encoder_in_inference_mode():
+    """Keras drops the built-in training=False (above): the encoder is fine-tuned in training mode."""
+    with pytest.warns(CorrectnessWarning, match=r"`encoder` was called with training=False when "
+                      r"its Functional model was built, but its 6 trainable variable\(s\) are "
+                      r"trained.*encoder.trainable = False") as caught:
+        fit(functional_with_encoder(encoder_model()))
+    assert sum("was called with training=False" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        fit(functional_with_encoder(encoder_model()), fine_tune_in_inference_mode=True)
+
+
+def test_a_frozen_batchnorm_whose_statistics_were_never_computed():
+    def model(pretrained):
+        keras.utils.set_random_seed(0)
+        norm = keras.layers.BatchNormalization(name="norm")
+        built = keras.Sequential([keras.Input((3,)), norm, keras.layers.Dense(1)])
+        if pretrained:
+            norm(np.full((8, 3), 4.0, "float32") + np.arange(8)[:, None], training=True)
+        norm.trainable = False
+        return built
+
+    with pytest.warns(CorrectnessWarning, match=r"BatchNormalization `norm` is frozen.*never "
+                                                r"computed \(mean 0 and variance 1"):
+        fit(model(pretrained=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        fit(model(pretrained=True))

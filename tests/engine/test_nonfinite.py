@@ -73,13 +73,19 @@ def trainer_for(model, mode, accumulate=1, **options):
                    accumulate=accumulate, seed=0, **MODES[mode], **options)
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("kind", ["sequential", "functional", "subclassed"])
+# Every model kind in every mode; and with `monitor_every=2` (the bad step is
+# then the call's last, monitored step) for the Functional model.
+CASES = [(kind, mode, accumulate, None) for kind in ("sequential", "functional", "subclassed")
+         for mode in MODES for accumulate in (1, 2)] + [
+    ("functional", mode, accumulate, 2) for mode in MODES for accumulate in (1, 2)]
+
+
+@pytest.mark.parametrize("kind,mode,accumulate,monitor_every", CASES)
 def test_raise_names_the_layer_and_step_and_keeps_the_last_good_weights(
-        kind, mode, accumulate, tmp_path):
+        kind, mode, accumulate, monitor_every, tmp_path):
     x, y = data()
-    trainer = trainer_for(build(kind), mode, accumulate, nonfinite_dir=str(tmp_path))
+    trainer = trainer_for(build(kind), mode, accumulate, nonfinite_dir=str(tmp_path),
+                          monitor_every=monitor_every)
     with pytest.raises(NonFiniteError) as caught:
         trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     report = caught.value.report
@@ -295,3 +301,24 @@ def test_localising_leaves_batchnorm_statistics_as_they_were(tmp_path):
                   shuffle=False, verbose=0)
     for got, want in zip(model.weights, reference_model.weights):   # moving stats included
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_loss_function_that_makes_the_nan_itself_is_named(tmp_path):
+    """log() of a softmax saturated to exactly 0: every layer output finite, the loss NaN."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)),
+                              keras.layers.Dense(3, activation="softmax", name="probs")])
+
+    def my_crossentropy(y_true, y_pred):
+        return -tf.reduce_mean(tf.reduce_sum(y_true * tf.math.log(y_pred), axis=-1))
+
+    x = np.array([[1000.0, -1000.0, 500.0]] * 4, "float32")
+    y = np.eye(3, dtype="float32")[[0, 1, 2, 0]]
+    trainer = Trainer(model, "sgd", my_crossentropy, nonfinite_dir=str(tmp_path))
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(NonFiniteError, match="Every layer's output is finite, and the loss "
+                                             "term 'loss' is non-finite") as caught:
+        trainer.fit(x, y, batch_size=4, verbose=0)
+    assert caught.value.report.loss_term == "loss" and caught.value.report.first_layer is None
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)

@@ -50,6 +50,29 @@ def test_a_changing_python_argument_is_named():
     assert "test_retracing.py" in report.where
 
 
+class MethodEma(keras.callbacks.Callback):
+    """The same bug in a decorated method (TensorFlow wraps it: the location must still be ours)."""
+
+    def on_train_begin(self, logs=None):
+        self.shadow = tf.Variable(0.0)
+
+    @tf.function
+    def update(self, decay):
+        self.shadow.assign(decay * self.shadow + (1.0 - decay))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.update(0.5 + 0.01 * batch)
+
+
+def test_a_decorated_method_is_named_where_it_is_written():
+    trainer = _trainer()
+    x, y = _data()
+    with pytest.warns(PerformanceWarning, match=r"`MethodEma.update` \(.*test_retracing.py:\d+\)"
+                                                r".*argument `decay` changed"):
+        trainer.fit(x, y, batch_size=8, callbacks=[MethodEma()], verbose=0)
+    assert trainer.retraces[0].function == "MethodEma.update"
+
+
 @tf.function
 def feature_stats(x):
     return tf.reduce_mean(x, axis=0)
