@@ -241,7 +241,9 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
     retraces = [f"{r.function} ({r.where}), {r.traces} traces: "
                 + "; ".join(f"`{arg}` changed" for arg, _, _ in r.changes)
                 for r in list(trainer.retraces) + watch.reported]
-    findings = [f"{f.code}: {f.fix}" for f in pipeline_check.check(dataset, training=True)]
+    # The checker reads pipelines the user wrote; arrays get tapeworks' own.
+    findings = ([f"{f.code}: {f.fix}" for f in pipeline_check.check(dataset, training=True)]
+                if isinstance(data, tf.data.Dataset) else [])
     return Explanation(
         batch_size=batch, steps=steps, mode=mode, steps_per_call=per_call,
         precision=trainer.precision.policy, seconds_per_step=total, input_wait=wait,

@@ -29,3 +29,11 @@ def test_distill_digits():
     assert "teacher weights unchanged: True" in result.stdout
     teacher = float(result.stdout.split("teacher ")[1].split(",")[0])
     assert teacher > 0.9
+
+
+@pytest.mark.slow
+def test_explain_mlp():
+    result = run_example("explain_mlp.py")
+    assert result.returncode == 0, result.stderr
+    assert "tapeworks explain: 4 steps of batch 32" in result.stdout
+    assert "Verdict: " in result.stdout
