@@ -193,10 +193,8 @@ class Trainer:
         if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
             raise ConfigError(
                 f"`accumulate` must be an integer >= 1. Received: accumulate={accumulate!r}")
-        if capture_every is not None and not (
-                isinstance(capture_every, int) and capture_every >= 1):
-            raise ConfigError("`capture_every` must be None or an integer >= 1. Received: "
-                              f"capture_every={capture_every!r}")
+        _check_count("capture_every", capture_every,
+                     "Every this many steps, the task's captured tensors are copied out.")
         if capture_every and isinstance(steps_per_call, int) and steps_per_call > capture_every:
             raise ConfigError(
                 f"`steps_per_call` ({steps_per_call}) is larger than `capture_every` "
@@ -229,21 +227,13 @@ class Trainer:
         self.fine_tune_in_inference_mode = bool(fine_tune_in_inference_mode)
         self._setup_checked = False   # _first_fit_checks ran
         self._decayed_warned = set()  # updates whose decayed learning rate was reported
-        if dead_gradient_steps is not None and not (
-                isinstance(dead_gradient_steps, int) and not isinstance(dead_gradient_steps, bool)
-                and dead_gradient_steps >= 1):
-            raise ConfigError(
-                "`dead_gradient_steps` must be None or an integer >= 1. Received: "
-                f"dead_gradient_steps={dead_gradient_steps!r}. It is how many consecutive "
-                "steps of exactly zero gradient make a variable reported as not training.")
+        _check_count("dead_gradient_steps", dead_gradient_steps,
+                     "It is how many consecutive steps of exactly zero gradient make a "
+                     "variable reported as not training.")
         self.dead_gradient_steps = dead_gradient_steps
-        if monitor_every is not None and not (
-                isinstance(monitor_every, int) and not isinstance(monitor_every, bool)
-                and monitor_every >= 1):
-            raise ConfigError(
-                "`monitor_every` must be None or an integer >= 1. Received: "
-                f"monitor_every={monitor_every!r}. Fix: e.g. monitor_every=100 computes the "
-                "per-layer gradient statistics on every 100th step.")
+        _check_count("monitor_every", monitor_every,
+                     "Fix: e.g. monitor_every=100 computes the per-layer gradient statistics "
+                     "on every 100th step.")
         if monitor_every and isinstance(steps_per_call, int) and steps_per_call > monitor_every:
             raise ConfigError(
                 f"`steps_per_call` ({steps_per_call}) is larger than `monitor_every` "
@@ -1257,6 +1247,14 @@ class Trainer:
         logs = self._results()
         logs.update(self._guard.logs())
         return logs
+
+
+def _check_count(name, value, meaning):
+    """Raises `ConfigError` unless `value` is None or an integer >= 1 (not a bool)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    raise ConfigError(f"`{name}` must be None or an integer >= 1. Received: {name}={value!r}. "
+                      + meaning)
 
 
 def _check_one_replica(strategy):
