@@ -194,13 +194,8 @@ class Trainer:
             raise ConfigError(
                 f"`accumulate` must be an integer >= 1. Received: accumulate={accumulate!r}")
         _check_count("capture_every", capture_every,
-                     "Every this many steps, the task's captured tensors are copied out.")
-        if capture_every and isinstance(steps_per_call, int) and steps_per_call > capture_every:
-            raise ConfigError(
-                f"`steps_per_call` ({steps_per_call}) is larger than `capture_every` "
-                f"({capture_every}): a call would hold several captures and keep only the last. "
-                "Expected steps_per_call <= capture_every. Fix: lower steps_per_call or use "
-                "\"auto\".")
+                     "Every this many steps, the task's captured tensors are copied out.",
+                     steps_per_call, "a call would hold several captures and keep only the last")
         for name, value in (("clip_norm", clip_norm), ("clip_value", clip_value)):
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ConfigError(
@@ -233,13 +228,8 @@ class Trainer:
         self.dead_gradient_steps = dead_gradient_steps
         _check_count("monitor_every", monitor_every,
                      "Fix: e.g. monitor_every=100 computes the per-layer gradient statistics "
-                     "on every 100th step.")
-        if monitor_every and isinstance(steps_per_call, int) and steps_per_call > monitor_every:
-            raise ConfigError(
-                f"`steps_per_call` ({steps_per_call}) is larger than `monitor_every` "
-                f"({monitor_every}): monitored steps would be further apart than asked. "
-                "Expected steps_per_call <= monitor_every. Fix: lower steps_per_call or use "
-                "\"auto\".")
+                     "on every 100th step.",
+                     steps_per_call, "monitored steps would be further apart than asked")
         self.monitor_every = monitor_every
         self._monitors = []           # one GradientMonitor per update, created in _build
         self._monitor_report = monitor_lib.MonitorReport()
@@ -1249,12 +1239,21 @@ class Trainer:
         return logs
 
 
-def _check_count(name, value, meaning):
-    """Raises `ConfigError` unless `value` is None or an integer >= 1 (not a bool)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return
-    raise ConfigError(f"`{name}` must be None or an integer >= 1. Received: {name}={value!r}. "
-                      + meaning)
+def _check_count(name, value, meaning, steps_per_call=None, too_many=None):
+    """Raises `ConfigError` unless `value` is None or an integer >= 1 (not a bool).
+
+    With `too_many`, a fixed `steps_per_call` above `value` is refused too
+    (`too_many` says what would go wrong).
+    """
+    if value is not None and not (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise ConfigError(f"`{name}` must be None or an integer >= 1. Received: "
+                          f"{name}={value!r}. " + meaning)
+    if too_many and value and isinstance(steps_per_call, int) and steps_per_call > value:
+        raise ConfigError(
+            f"`steps_per_call` ({steps_per_call}) is larger than `{name}` ({value}): "
+            f"{too_many}. Expected steps_per_call <= {name}. Fix: lower steps_per_call or "
+            "use \"auto\".")
 
 
 def _check_one_replica(strategy):

@@ -227,3 +227,6 @@ def test_monitor_every_is_validated():
         Trainer(small_model(), "sgd", "mse", monitor_every=0)
     with pytest.raises(ConfigError, match="steps_per_call` \\(8\\) is larger than `monitor_every"):
         Trainer(small_model(), "sgd", "mse", monitor_every=4, steps_per_call=8)
+    with pytest.raises(ConfigError, match="larger than `capture_every` \\(4\\): a call would "
+                                          "hold several captures"):
+        Trainer(small_model(), "sgd", "mse", capture_every=4, steps_per_call=8)
