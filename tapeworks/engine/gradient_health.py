@@ -47,16 +47,28 @@ def gradient_norms(gradients, xla=False):
     return norms
 
 
+class Untracked:
+    """Variables held by a tf.Module without becoming its own.
+
+    tf.Module and checkpoints look into attributes that are lists, tuples,
+    dicts or trackables; a plain object is neither, so what it holds stays
+    the model's alone (`module.variables` and checkpoints do not repeat it).
+    """
+
+    def __init__(self, variables):
+        self.items = tuple(variables)
+
+
 class DeadGradients(tf.Module):
     """Consecutive all-zero gradient steps, per variable of one update."""
 
     def __init__(self, variables, steps):
         super().__init__(name="dead_gradients")
         self.steps = steps
-        # A plain list, hidden from tf.Module's tracking: these are the
-        # model's variables, not this module's (checkpoints hold them once).
-        self._watched = tuple(variables)
-        self.zero_run = tf.Variable(tf.zeros([len(self._watched)], tf.int32),
+        # The model's variables, not this module's: held where tf.Module's
+        # tracking does not look (checkpoints hold them once, with the model).
+        self._held = Untracked(variables)
+        self.zero_run = tf.Variable(tf.zeros([len(self._held.items)], tf.int32),
                                     trainable=False, name="zero_gradient_run")
 
     def observe(self, variables, norms):
@@ -65,17 +77,17 @@ class DeadGradients(tf.Module):
         `variables` and `norms` are the pairs that had a gradient; a variable
         with no gradient (allowed by `allow_missing_gradients`) never counts.
         """
-        if not self._watched:
+        if not self._held.items:
             return
         by_id = {id(v): n for v, n in zip(variables, norms) if n is not None}
-        full = tf.stack([by_id.get(id(v), tf.constant(-1.0)) for v in self._watched])
+        full = tf.stack([by_id.get(id(v), tf.constant(-1.0)) for v in self._held.items])
         run = self.zero_run
         run.assign(tf.where(tf.equal(full, 0.0), run + 1, tf.zeros_like(run)))
 
     def dead(self):
         """On the host: the variables whose gradient was zero for the last `steps` steps."""
         runs = self.zero_run.numpy()
-        return [v for v, r in zip(self._watched, runs) if r >= self.steps]
+        return [v for v, r in zip(self._held.items, runs) if r >= self.steps]
 
 
 def owners(models):

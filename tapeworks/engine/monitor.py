@@ -41,18 +41,18 @@ class GradientMonitor(tf.Module):
 
     def __init__(self, variables):
         super().__init__(name="gradient_monitor")
-        # A plain tuple, hidden from tf.Module's tracking (the model's variables).
-        self._watched = tuple(variables)
+        # The model's variables, not this module's (see `Untracked`).
+        self._held = gradient_health.Untracked(variables)
         # Rows: gradient norm, weight norm (before the update), update norm;
         # one column per variable. One variable: the host reads it at once.
-        self.stats = tf.Variable(tf.zeros([3, len(self._watched)]), trainable=False,
+        self.stats = tf.Variable(tf.zeros([3, len(self._held.items)]), trainable=False,
                                  name="monitor_stats")
         self.records = tf.Variable(0, dtype=tf.int64, trainable=False, name="records")
         self.gradients = None   # copies of the gradients, for histograms (`keep_gradients`)
 
     @property
     def watched(self):
-        return self._watched
+        return self._held.items
 
     def keep_gradients(self):
         """Adds buffers that hold the monitored step's gradients (for TensorBoard histograms).
@@ -63,7 +63,7 @@ class GradientMonitor(tf.Module):
         if self.gradients is None:
             self.gradients = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
                                           name=f"monitored_gradient_{i}")
-                              for i, v in enumerate(self._watched)]
+                              for i, v in enumerate(self._held.items)]
 
     def record(self, grads_and_vars, apply, xla=False):
         """In the graph: runs `apply()` (the update) with the statistics of `grads_and_vars` around it."""
@@ -80,13 +80,13 @@ class GradientMonitor(tf.Module):
         update_norms = gradient_health.gradient_norms(
             [a - b for a, b in zip(after, before)], xla=xla)
         position = {id(v): i for i, v in enumerate(variables)}
-        if self._watched:
+        if self._held.items:
             self.stats.assign(tf.stack([
                 tf.stack([values[position[id(v)]] if id(v) in position else tf.constant(0.0)
-                          for v in self._watched])
+                          for v in self._held.items])
                 for values in (grad_norms, weight_norms, update_norms)]))
         if self.gradients is not None:
-            for buffer, v in zip(self.gradients, self._watched):
+            for buffer, v in zip(self.gradients, self._held.items):
                 if id(v) in position:
                     buffer.assign(tf.cast(tf.convert_to_tensor(gradients[position[id(v)]]),
                                           tf.float32))
