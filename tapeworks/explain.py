@@ -158,12 +158,21 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
         compile_seconds[jit] = seconds if sum(trainer.traces.values()) > traced else None
 
     def per_step(jit, iterator, steps_per_call, calls):
-        loop, times = loop_for(jit), []
+        return alternating(jit, [iterator], steps_per_call, calls)[0]
+
+    def alternating(jit, iterators, steps_per_call, calls):
+        """Seconds per step on each iterator: calls alternated between them, medians.
+
+        Alternating keeps a drift of the machine's speed (another process,
+        the clock) out of the difference between them.
+        """
+        loop, times = loop_for(jit), [[] for _ in iterators]
         for _ in range(calls):
-            start = time.perf_counter()
-            ran = int(loop(iterator, tf.constant(steps_per_call, tf.int64))[0])
-            times.append((time.perf_counter() - start) / max(ran, 1))
-        return statistics.median(times)
+            for iterator, kept in zip(iterators, times):
+                start = time.perf_counter()
+                ran = int(loop(iterator, tf.constant(steps_per_call, tf.int64))[0])
+                kept.append((time.perf_counter() - start) / max(ran, 1))
+        return [statistics.median(kept) for kept in times]
 
     memory = iter(in_memory.repeat())
     piped = iter(dataset.repeat())
@@ -177,9 +186,10 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
                 per_step(mode, memory, many, 1)   # warm: caches, allocator, thread pools
                 bulk = per_step(mode, memory, many, 3)
                 one = per_step(mode, memory, 1, steps)
-                current = one if per_call == 1 else per_step(mode, memory, per_call,
-                                                             max(3, steps // per_call))
-                fed = per_step(mode, piped, per_call, max(3, steps // per_call))
+                # The step from memory and fed by the pipeline, alternated:
+                # their difference is the input wait.
+                current, fed = alternating(mode, [memory, piped], per_call,
+                                           max(3, steps // per_call))
                 compute = max((many * bulk - one) / (many - 1), 1e-9) if many > 1 else bulk
                 call_cost = max(one - compute, 0.0)
                 wait = max(fed - current, 0.0)
