@@ -53,7 +53,8 @@ class Change:
 
     def line(self):
         effect = f"{self.speedup:.2f}x" if self.speedup is not None else "not measured"
-        return f"{self.what}: {effect}. {self.note} ({self.how})".strip()
+        how = f" ({self.how})" if self.how else ""
+        return f"{self.what}: {effect}. {self.note}{how}".strip()
 
 
 @dataclasses.dataclass
@@ -196,7 +197,7 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
                 host = min(call_cost / per_call, current)
                 compute = max(current - host, 0.0)
                 total = compute + host + wait
-                changes = []
+                changes, failed = [], []
                 if per_call < many:
                     changes.append(Change(
                         f"steps_per_call={many}", f"Trainer(..., steps_per_call={many}) or "
@@ -213,7 +214,7 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
                             first_call(jit, memory)
                         except (tf.errors.InvalidArgumentError,
                                 tf.errors.UnimplementedError) as error:
-                            changes.append(Change(
+                            failed.append(Change(
                                 f"jit_compile={jit!r}", "", None,
                                 f"XLA cannot compile this step: {str(error).splitlines()[0][:120]}"))
                             continue
@@ -245,7 +246,7 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
             trainer._reset_metrics()
     helpful = sorted((c for c in changes if c.speedup is None or c.speedup >= WORTHWHILE),
                      key=lambda c: -(c.speedup or 1.0))
-    tried = [c for c in changes if c not in helpful]
+    tried = [c for c in changes if c not in helpful] + failed
     shares = {"input-bound": wait, "host overhead": host, "compute-bound": compute}
     # The user's tf.functions that traced again, in the last fit and here.
     retraces = [f"{r.function} ({r.where}), {r.traces} traces: "

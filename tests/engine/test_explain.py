@@ -97,6 +97,30 @@ def test_xla_modes_are_measured_and_their_compile_time_reported():
     assert json.loads(json.dumps(result.to_dict(), default=str))["mode"] == "tf.function"
 
 
+class HostIdentity(keras.layers.Layer):
+    """A NumPy call inside the model: fine in tf.function, no XLA kernel."""
+
+    def call(self, x):
+        return tf.ensure_shape(tf.numpy_function(lambda a: a, [x], tf.float32), x.shape)
+
+
+def test_an_xla_mode_that_cannot_compile_is_listed_as_tried_not_as_help():
+    """Whole-step XLA fails on the NumPy call; it must not appear among the helpful changes."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), HostIdentity(), keras.layers.Dense(1)])
+    trainer = Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2)
+    x, y = tiny_data()
+    result = trainer.explain((x, y), batch_size=8, steps=4)
+    assert not [c for c in result.changes if c.what.startswith("jit_compile=True")]
+    failed = [c for c in result.tried if "XLA cannot compile" in c.note]
+    assert [c.what for c in failed] == ["jit_compile=True"]
+    assert "XLA cannot compile this step" in str(result)
+    # The update alone compiles (the NumPy call is in the forward pass): it is measured.
+    [update] = [c for c in result.changes + result.tried
+                if c.what.startswith("jit_compile='update'")]
+    assert update.speedup is not None
+
+
 def test_profile_writes_a_tensorboard_trace(tmp_path):
     trainer = tiny_trainer(jit_compile=False, steps_per_call=2)
     x, y = tiny_data()
