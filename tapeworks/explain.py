@@ -80,8 +80,8 @@ class Explanation:
 
     def to_dict(self):
         out = dataclasses.asdict(self)
-        out["mode"] = _mode_name(self.mode)
-        out["compile_seconds"] = {_mode_name(m): s for m, s in self.compile_seconds.items()}
+        out["mode"] = _describe(self.mode)
+        out["compile_seconds"] = {_describe(m): s for m, s in self.compile_seconds.items()}
         return out
 
     def __str__(self):
@@ -89,7 +89,7 @@ class Explanation:
         rows = [("waiting for input", self.input_wait), ("the step's compute", self.compute),
                 ("host, between calls", self.host)]
         lines = [f"tapeworks explain: {self.steps} steps of batch {self.batch_size}, "
-                 f"{_mode_name(self.mode)}, {self.steps_per_call} step(s) per call, "
+                 f"{_describe(self.mode)}, {self.steps_per_call} step(s) per call, "
                  f"precision {self.precision}",
                  f"Verdict: {self.verdict.upper()}. Where a training step's "
                  f"{_ms(total)} goes:"]
@@ -97,7 +97,7 @@ class Explanation:
             lines.append(f"  {name:<22}{_ms(seconds):>10}  {100 * seconds / total:5.1f}%")
         lines.append(f"  (the pipeline alone makes a batch in {_ms(self.pipeline_seconds_per_batch)};"
                      f" one call costs the host {_ms(self.per_call)})")
-        compiled = ", ".join(f"{_mode_name(m)} {s:.2f} s" for m, s in
+        compiled = ", ".join(f"{_describe(m)} {s:.2f} s" for m, s in
                              self.compile_seconds.items() if s is not None)
         compiled = compiled or "none (already compiled)"
         lines.append(f"Tracing and compiling (first call, once per mode): {compiled}")
@@ -126,6 +126,7 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
     from tapeworks.data import diagnose as diagnose_lib
     from tapeworks.data import pipeline_check
     from tapeworks.engine import guards, retracing
+    from tapeworks.engine.trainer import _model_supports_xla
     from tapeworks.errors import ConfigError
 
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
@@ -206,7 +207,7 @@ def explain(trainer, data, steps=20, batch_size=None, profile_dir=None, try_xla=
                         f"{_ms(current)} at {per_call}"))
                 best_step = min(current, bulk)
                 best_calls = many if bulk < current else per_call
-                if try_xla and all(_supports_xla(m) for m in trainer.task.models):
+                if try_xla and all(_model_supports_xla(m) for m in trainer.task.models):
                     for jit in (True, "update"):
                         if jit == mode:
                             continue
@@ -299,13 +300,12 @@ def _profile(directory, loop, iterator, per_call):
     return directory
 
 
-def _supports_xla(model):
-    return all(getattr(layer, "supports_jit", True) for layer in model._flatten_layers())
+def _describe(mode):
+    """`autotune.describe`, imported when used: importing the engine imports TensorFlow,
+    and the CLI imports this module to build its --help."""
+    from tapeworks.engine.autotune import describe
 
-
-def _mode_name(mode):
-    return {False: "tf.function", True: "XLA (whole step)", "update": "XLA (update only)"}.get(
-        mode, str(mode))
+    return describe(mode)
 
 
 def _ms(seconds):

@@ -28,6 +28,7 @@ import tensorflow as tf
 from tapeworks.engine import gradient_health, guards
 from tapeworks.engine.precision import all_finite
 from tapeworks.engine.task import batch_size as task_batch_size
+from tapeworks.engine.task import layers_of
 
 
 class StepHooks:
@@ -343,17 +344,11 @@ def forward_updated_state(task):
     inference mode in Keras 3 and updates nothing). Other layers' state
     (Dropout's seed) is left as it went.
     """
-    found, seen = [], set()
-    for update in task.updates:
-        for item in update.trains:
-            layers = item._flatten_layers() if hasattr(item, "_flatten_layers") else []
-            for layer in layers:
-                if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
-                    for variable in (layer.moving_mean, layer.moving_variance):
-                        if id(variable) not in seen:
-                            seen.add(id(variable))
-                            found.append(variable)
-    return found
+    trained = [item for update in task.updates for item in update.trains
+               if hasattr(item, "_flatten_layers")]   # models and layers, not variables
+    return [variable for layer in layers_of(trained, include_self=True)
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
+            for variable in (layer.moving_mean, layer.moving_variance)]
 
 
 def make_test_step(task, trackers):
@@ -445,6 +440,11 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
                        lambda: (steps, samples, tf.constant(True)))
         return (*done, *kept)
 
+    def going_on(steps, exhausted, limit):
+        """Another step: fewer than `limit` so far, data left, and (with a halt) no halt."""
+        going = tf.logical_and(steps < limit, tf.logical_not(exhausted))
+        return tf.logical_and(going, should_continue()) if keep_last else going
+
     def loop(iterator, num_steps):
         plain_steps = num_steps - 1 if last_step is not None else num_steps
 
@@ -452,8 +452,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
             return draw_and_run(one_step, iterator, steps, samples)
 
         def go_on(steps, samples, exhausted, *last):
-            going = tf.logical_and(steps < plain_steps, tf.logical_not(exhausted))
-            return tf.logical_and(going, should_continue()) if keep_last else going
+            return going_on(steps, exhausted, plain_steps)
 
         start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
         if keep_last:
@@ -461,10 +460,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
         carried = tf.while_loop(go_on, body, start)
         if last_step is not None:
             steps, samples, exhausted, *last = carried
-            going = tf.logical_and(steps < num_steps, tf.logical_not(exhausted))
-            if keep_last:
-                going = tf.logical_and(going, should_continue())
-            carried = tf.cond(going,
+            carried = tf.cond(going_on(steps, exhausted, num_steps),
                               lambda: draw_and_run(last_step, iterator, steps, samples),
                               lambda: tuple(carried))
         steps, samples, _, *last = carried

@@ -236,7 +236,7 @@ class Trainer:
         self._host_step = 0           # the step counter as the host last knew it
         self._monitor_next = None     # the step at which the next monitored call is due
         self._monitor_records = 0     # the first monitor's records, as last read
-        self._owners = None           # id(variable) -> its layer, for the monitor's report
+        self._owners = None           # id(variable) -> its layer (`_layer_owners`)
         self._dead = []               # one DeadGradients per update, created in _build
         # Kept across fits: consecutive steps are consecutive in an
         # epoch-by-epoch fit loop too, and each variable is named once.
@@ -688,6 +688,9 @@ class Trainer:
         The monitored step is the last step of the first call that reaches
         the next k-th step (steps per call are capped at k); a mode's first
         call (one step drawn on its own while tuning) leaves it to the next.
+        The next k-th step is worked out from the step counter when unknown
+        (at a fit's start, after a record); it is kept while a monitored call
+        ends before its last step (the data ran out), so it stays due.
         """
         if not self._monitors or probe.first:
             return False
@@ -710,14 +713,18 @@ class Trainer:
         if records == self._monitor_records:
             return {}   # the data ended before the monitored step: it stays due
         self._monitor_records = records
-        every, last = self.monitor_every, self._host_step - 1
-        self._monitor_next = ((last + 1) // every + 1) * every - 1
-        if self._owners is None:
-            self._owners = gradient_health.owners(self.task.models)
-        stats = monitor_lib.layer_stats(self._monitors, self._owners)
+        self._monitor_next = None   # the next k-th step after this one (`_monitor_due`)
+        last = self._host_step - 1
+        stats = monitor_lib.layer_stats(self._monitors, self._layer_owners())
         self._monitor_report.add(last, stats)
         self._monitor_report.write_tensorboard(callback_list.callbacks, self._monitors, last)
         return self._monitor_report.logs()
+
+    def _layer_owners(self):
+        """`id(variable) -> its layer`, for the monitor's and the dead-gradient reports (cached)."""
+        if self._owners is None:
+            self._owners = gradient_health.owners(self.task.models)
+        return self._owners
 
     def _keep_gradients_for(self, callbacks):
         """Gradient histograms for a TensorBoard callback that asks for histograms."""
@@ -750,7 +757,7 @@ class Trainer:
         if found:
             self._dead_reported.update(id(v) for v in found)
             warn(gradient_health.dead_message(found, self.dead_gradient_steps,
-                                              gradient_health.owners(self.task.models)),
+                                              self._layer_owners()),
                  CorrectnessWarning)
 
     def _warn_nonfinite(self):
