@@ -168,3 +168,16 @@ def test_the_module_command_explains_a_named_entry_point(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2
     assert "`my_training` has no function `missing`" in wrong.stderr
+
+
+def test_the_entry_point_is_checked_before_anything_runs(tmp_path, monkeypatch):
+    from tapeworks.errors import ConfigError
+    from tapeworks.explain import load
+
+    (tmp_path / "entry.py").write_text("def make():\n    return 42\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="Expected `module:function`.*Received: 'entry'"):
+        load("entry")
+    with pytest.raises(ConfigError, match="`entry:make` returned int. Expected "
+                                          r"\(trainer, data\)"):
+        load("entry:make")
