@@ -192,6 +192,12 @@ def _cache(args):
               f"  models={what.get('models')} batch={what.get('batch')} "
               f"precision={what.get('precision')}  {plan.get('created', '')}")
         print(f"    {plan.get('reason', '')}")
+        memory = plan.get("memory")
+        if isinstance(memory, dict) and memory.get("waiting"):
+            waiting = ", ".join({True: "XLA", "update": "XLA update"}.get(m, str(m))
+                                for m in memory["waiting"])
+            print(f"    not tried yet: {waiting} (after {memory.get('steps_seen', '?')} steps "
+                  "trained with this plan; tried once the runs together can repay it)")
     return 0
 
 

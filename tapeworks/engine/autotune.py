@@ -17,7 +17,11 @@ pay for itself:
    trained so far if more: a trainer that has trained N steps is expected to
    train about as many more), and all trying together may spend at most
    `TRY_BUDGET` of that remaining time. A mode that cannot pay yet is
-   reconsidered as training goes on (`reconsider`). With data
+   reconsidered as training goes on (`reconsider`), and across runs: the
+   plan cache keeps the modes still waiting, what tf.function measured and
+   the steps trained by the runs that used the plan (`memory`), so a script
+   run again and again reaches XLA once its runs together can repay trying
+   it, and the mode it then finds is what later runs start in. With data
    of unknown length the decision waits for the end of the first epoch (the
    calls meanwhile run tf.function at its chosen steps per call). After an
    XLA mode's first call its real start cost is known, and a mode that can no
@@ -31,15 +35,17 @@ Every call is a real training call: no data is thrown away. An XLA failure to
 compile is caught on the mode's first call and that batch is trained without
 XLA (see `Trainer._run_first_step`).
 
-Measured on this project's 2-core CPU (first call / first loop call / step):
-a digits CNN under tf.function 0.24 s / 0.41 s / 1.67 ms, with an XLA-fused
-update 0.65 s / 0.30 s / 2.00 ms, under XLA 0.93 s / 1.26 s / 1.71 ms; a small
-MLP 0.22 / 0.32 s, 0.47 / 0.26 s and 0.74 / 0.92 s. Starting "update" (its
-first step and first loop call) cost about 2.3x tf.function's first loop
-call and XLA about 5.3x; `XLA_START_RATIO` rounds those up. The first run of
-`bench wallclock` also showed that a tf.function start with a separate
-first step cost one more trace than a fixed mode (0.27 s of 2.6 s on the
-digits CNN): tf.function now starts with its loop call.
+Start costs, measured on this project's 2-core CPU with the schedule above
+(tf.function's loop call against an XLA mode's first step plus its first
+loop call, one-off runs of `bench wallclock`'s models, 2026-11-30): the
+XLA-fused update started in 1.31x (digits CNN), 1.48x (large MLP), 1.65x
+(small MLP) and 1.72x (super-resolution) tf.function's start; whole-step
+XLA in 3.5x (large MLP) and 4.2x (digits CNN). `XLA_START_RATIO` rounds the
+largest up. (An earlier schedule gave tf.function a separate first step
+too; its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
+run of `bench wallclock` also showed that a tf.function start with a
+separate first step cost one more trace than a fixed mode (0.27 s of 2.6 s
+on the digits CNN): tf.function now starts with its loop call.
 """
 
 import dataclasses
@@ -58,7 +64,8 @@ OVERHEAD_SHARE = 0.005   # target share of a call spent on per-call overhead (at
 MAX_STEPS_PER_CALL = 256
 MAX_SECONDS_PER_CALL = 1.0
 MAX_RETRIES = 2          # a timed call cut short (end of data) is run again
-XLA_START_RATIO = {"update": 3.0, True: 6.0}   # start cost / tf.function's (measured 2.3, 5.3)
+XLA_START_RATIO = {"update": 2.0, True: 5.0}   # start cost / tf.function's (measured at
+                                               # most 1.72 and 4.2: see above)
 XLA_BEST_SAVING = 0.5    # the most of tf.function's step time an XLA mode is expected to
                          # save (measured here: 21% on the large MLP, 32% for a bfloat16
                          # update)
@@ -106,6 +113,7 @@ class CallPlanner:
     def __init__(self, jit_compile, steps_per_call, xla_available=True, max_steps=None,
                  xla_order=("update", True)):
         self._fixed_steps = None if steps_per_call == "auto" else int(steps_per_call)
+        self._jit_fixed = jit_compile != "auto" or not xla_available
         if max_steps == 1:
             self._fixed_steps = 1
         if jit_compile == "auto":
@@ -130,6 +138,8 @@ class CallPlanner:
         self._deferred = []       # XLA modes that could not pay yet: reconsidered later
         self.remaining_steps = None
         self.steps_trained = 0    # every step this planner has seen, all fits together
+        self.steps_before = 0     # steps of earlier runs that used this plan (the plan cache)
+        self._restored_calls = 0  # tf.function's timed calls of those runs, first in _calls
         self.notes = []
         self.choice = None
         self.from_cache = False
@@ -169,12 +179,53 @@ class CallPlanner:
         index = modes.index(probe.jit) + 1 if probe.jit in modes else 1
         return f"tuning {index}/{len(modes)}"
 
-    def adopt(self, choice):
-        """Takes a choice made before (the plan cache): no measuring at all."""
+    def adopt(self, choice, memory=None):
+        """Takes a choice made before (the plan cache): no measuring now.
+
+        `memory` (from `memory()` of the run that stored the plan) carries the
+        XLA modes that run could not yet afford to try, with what it measured:
+        they are tried here once the runs together can repay them.
+        """
         self.choice = Choice(choice.jit_compile,
                              min(choice.steps_per_call, self._max_steps), choice.reason)
         self.from_cache = True
         self._queue = []
+        if not memory or self._jit_fixed:
+            return
+        try:
+            waiting = [m for m in memory["waiting"] if m in XLA_START_RATIO
+                       and m not in self._modes]
+            calls = [(jit, int(n), float(s), float(t)) for jit, n, s, t in memory["calls"]]
+            starts = {jit: float(t) for jit, t in memory["start_seconds"]}
+            batch, seen = float(memory["reference_batch"]), int(memory["steps_seen"])
+        except (KeyError, TypeError, ValueError):
+            return   # an entry written by another version: the choice alone is used
+        if not waiting or False not in starts:
+            return
+        restored = [(n, samples, seconds) for jit, n, samples, seconds in calls if jit is False]
+        self._calls[False] = restored + self._calls.get(False, [])
+        self._restored_calls = len(restored)
+        self._start_seconds[False] = starts[False]
+        self._reference_batch = batch
+        self._deferred = waiting
+        self.steps_before = seen
+        if False not in self._modes:
+            self._modes.insert(0, False)
+
+    def memory(self):
+        """What a later run of the same plan needs to go on deciding, or None.
+
+        Only when XLA modes are still waiting to be tried: tf.function's timed
+        calls and start, and every step trained with this plan so far.
+        """
+        if not self._deferred or self.choice is None:
+            return None
+        return {"waiting": list(self._deferred),
+                "calls": [[False, n, s, t] for n, s, t in self._calls.get(False, [])],
+                "start_seconds": [[False, self._start_seconds[False]]]
+                if False in self._start_seconds else [],
+                "reference_batch": self._reference_batch,
+                "steps_seen": self.steps_before + self.steps_trained}
 
     def limit_steps(self, max_steps):
         """Caps steps per call, at half an epoch once its length is known.
@@ -231,14 +282,18 @@ class CallPlanner:
         A trainer that has trained N steps is expected to train about as many
         more (the ski-rental rule): a run made of many short fits (one epoch
         each) reaches XLA once the time it has trained makes trying it cheap.
+        The same holds across runs of a script (`steps_before`, from the plan
+        cache); a mode found then is stored for the runs after.
         """
-        if self.choice is None or not self._deferred or self.from_cache:
+        if self.choice is None or not self._deferred:
             return
         chosen, self.choice = self.choice, None
         self._untried, self._deferred = self._deferred, []
         self._consider_xla(quiet=True)
         if not self._queue:
             self.choice = chosen
+        else:
+            self.from_cache = False   # measuring again: the new choice is stored
 
     def drop_xla(self, error, mode=True):
         """XLA failed to compile `mode` for this model: continue without that mode."""
@@ -257,6 +312,8 @@ class CallPlanner:
         """A dict of what was measured and chosen, for logs and `Trainer.tuning`."""
         measured = {}
         for jit, calls in self._calls.items():
+            if jit is False:
+                calls = calls[self._restored_calls:]   # this run's alone
             for steps in sorted({c[0] for c in calls}):
                 rates = [s / t for n, s, t in calls if n == steps]
                 measured[f"jit={jit},steps={steps}"] = {
@@ -273,6 +330,7 @@ class CallPlanner:
             "start_seconds": {str(k): v for k, v in self._start_seconds.items()},
             "checked_against_baseline": checks,
             "waiting_to_try": [describe(m) for m in self._deferred],
+            "steps_of_earlier_runs": self.steps_before,
             "notes": list(self.notes),
         }
 
@@ -323,7 +381,7 @@ class CallPlanner:
                 self._untried.pop(0)
                 continue
             step = baseline[0] * self._reference_batch   # seconds per step, chosen calls
-            remaining = max(self.remaining_steps or 0, self.steps_trained)
+            remaining = self._expected_steps()
             remaining_time = remaining * step
             cost = XLA_START_RATIO[mode] * start
             gain = remaining_time * XLA_BEST_SAVING
@@ -350,8 +408,18 @@ class CallPlanner:
         # (measured 0.5x to 1.4x; see the module docstring).
         still_to_pay = first_seconds
         step = baseline[0] * self._reference_batch
-        gain = max(self.remaining_steps, self.steps_trained, 0) * step * XLA_BEST_SAVING
+        gain = self._expected_steps() * step * XLA_BEST_SAVING
         return gain > still_to_pay
+
+    def _expected_steps(self):
+        """Steps a mode found now can still speed up.
+
+        The rest of this fit, or the steps trained so far if more (about as
+        many more are expected), plus the steps of earlier runs of this plan:
+        a mode found now is stored and used by the runs after this one, and
+        those are expected to be like the runs before.
+        """
+        return max(self.remaining_steps or 0, self.steps_trained) + self.steps_before
 
     def _give_up(self, mode):
         self.notes.append(f"{describe(mode)} dropped after its first call: its measured start "

@@ -5,7 +5,10 @@ steps per call) is stored under a fingerprint of everything that decides it:
 the models' structure and weight shapes, the batch (shapes, dtypes, size),
 precision, optimizers, accumulation and clipping, the device and CPU/GPU
 model, and the TensorFlow, Keras and tapeworks versions. A second run of the
-same script finds its plan after its first step and measures nothing.
+same script finds its plan after its first step and measures nothing. A
+plan may also carry the XLA modes its run could not yet afford to try
+(`CallPlanner.memory`): a later run tries them once the runs together can
+repay it, and stores what it found.
 
 Location: `$TAPEWORKS_CACHE_DIR/plans`, by default `~/.cache/tapeworks/plans`;
 `TAPEWORKS_PLAN_CACHE=0` (or `Trainer(plan_cache=False)`) turns it off. One
@@ -70,11 +73,17 @@ class PlanCache:
                 pass
             return None
 
-    def put(self, key, jit_compile, steps_per_call, reason, description):
-        """Stores a plan atomically (write a temporary file, then rename it over the old)."""
+    def put(self, key, jit_compile, steps_per_call, reason, description, memory=None):
+        """Stores a plan atomically (write a temporary file, then rename it over the old).
+
+        `memory` (`CallPlanner.memory`): the XLA modes not tried yet and what
+        the next run needs to decide on them, or None.
+        """
         plan = {"format": FORMAT, "jit_compile": jit_compile, "steps_per_call": steps_per_call,
                 "reason": reason, "created": datetime.datetime.now().isoformat(timespec="seconds"),
                 "what": description}
+        if memory:
+            plan["memory"] = memory
         try:
             os.makedirs(self.folder, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")

@@ -283,6 +283,7 @@ class Trainer:
             self._plan_cache = plan_cache_lib.PlanCache(
                 plan_cache if isinstance(plan_cache, (str, os.PathLike)) else None)
         self._plan_key = None       # fingerprint of this trainer's plan, once known
+        self._plan_reason = None    # why that plan was chosen (the run that measured it)
         self._element_spec = None
         # The input planner of the last built pipeline fitted on (a weak reference
         # to that pipeline, the planner): measuring goes on across fit calls.
@@ -493,6 +494,7 @@ class Trainer:
             # weights here, as Keras' fit does.
             for update in self.task.updates:
                 update.optimizer.finalize_variable_values(update.variables())
+        self._remember_steps_for_later_runs()
         if self._planner.tuning:
             # Measuring goes on in the next fit (epoch-by-epoch fit loops are
             # common): choosing now would rest on a partial schedule.
@@ -891,7 +893,8 @@ class Trainer:
         if plan is not None:
             self._planner.adopt(autotune.Choice(
                 plan["jit_compile"], plan["steps_per_call"],
-                f"from the plan cache ({plan['reason']})"))
+                f"from the plan cache ({plan['reason']})"), memory=plan.get("memory"))
+            self._plan_reason = plan["reason"]
 
     def _announce_choice_once(self, verbose):
         """Says what "auto" chose, once per choice (printed at verbose >= 1, logged); stores it."""
@@ -906,8 +909,25 @@ class Trainer:
                 print(f"tapeworks: {line}")
             logger.info("%s", line)
         if self._plan_key is not None and not self._planner.from_cache:
-            self._plan_cache.put(self._plan_key, choice.jit_compile, choice.steps_per_call,
-                                 choice.reason, self._plan_description)
+            self._plan_reason = choice.reason
+            self._store_plan()
+
+    def _store_plan(self):
+        """Writes this trainer's plan, with what a later run needs to go on deciding."""
+        choice = self._planner.choice
+        self._plan_cache.put(self._plan_key, choice.jit_compile, choice.steps_per_call,
+                             self._plan_reason, self._plan_description,
+                             memory=self._planner.memory())
+
+    def _remember_steps_for_later_runs(self):
+        """At the end of a fit: the steps trained count toward trying a waiting XLA mode.
+
+        Only plans with a mode still waiting are rewritten (see
+        `CallPlanner.memory`); the others stay as they were stored.
+        """
+        if self._plan_key is not None and self._planner.choice is not None \
+                and self._planner.memory() is not None:
+            self._store_plan()
 
     def _close_partial_window(self):
         """Applies a window left with fewer than `accumulate` micro-batches at epoch end."""

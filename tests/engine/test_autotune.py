@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tapeworks
-from tapeworks.engine.autotune import MAX_STEPS_PER_CALL, CallPlanner
+from tapeworks.engine.autotune import MAX_STEPS_PER_CALL, CallPlanner, Choice
 from tests.engine import models
 
 BATCH = 64
@@ -144,9 +144,9 @@ def drive_kinds(planner, cost, remaining, calls=400):
 
 
 def test_xla_is_never_tried_when_the_remaining_work_cannot_repay_its_start():
-    # tf.function starts in 0.6 s (first call + first loop call) and steps in
-    # 2 ms. 2,000 steps left: 4 s of work, at best 2 s to win, but trying the
-    # XLA-fused update is predicted to cost 2 x 0.6 = 1.2 s, over 5% of 4 s.
+    # tf.function starts in 0.3 s (its first loop call) and steps in 2 ms.
+    # 2,000 steps left: 4 s of work, at best 2 s to win, but trying the
+    # XLA-fused update is predicted to cost 2 x 0.3 = 0.6 s, over 10% of 4 s.
     planner = CallPlanner("auto", "auto")
     asked = drive_kinds(planner, steady_cost(), remaining=2000)
     assert {p.jit for p in asked} == {False}
@@ -175,7 +175,7 @@ def test_an_xla_mode_whose_first_call_cannot_pay_is_dropped_at_once():
 
 def test_with_data_of_unknown_length_the_xla_decision_waits():
     planner = CallPlanner("auto", "auto")
-    asked = drive_kinds(planner, steady_cost(), remaining=None, calls=40)
+    asked = drive_kinds(planner, steady_cost(), remaining=None, calls=20)
     assert planner.tuning and {p.jit for p in asked} == {False}
     assert asked[-1].kind == "hold" and asked[-1].steps > 1   # trains at its best meanwhile
     drive_kinds(planner, steady_cost(), remaining=2000)        # the epoch ended: 2,000 left
@@ -246,3 +246,61 @@ def test_a_run_of_many_short_fits_reaches_xla_once_it_has_trained_enough():
     assert planner.tuning and planner.next_call().jit == "update"
     drive_kinds(planner, steady_cost(), remaining=100)
     assert planner.choice.jit_compile in (True, "update")
+
+
+def test_a_mode_a_run_could_not_afford_is_tried_by_a_later_run_of_the_same_plan():
+    # Run 1: 2,000 steps of 2 ms (4 s) cannot repay the XLA update's predicted
+    # 0.6 s start (over 10% of 4 s): it stays tf.function and its plan keeps
+    # the waiting modes, what tf.function measured and the steps it trained.
+    first = CallPlanner("auto", "auto")
+    drive_kinds(first, steady_cost(), remaining=2000)
+    assert first.choice.jit_compile is False
+    first.steps_trained = 2000
+    memory = first.memory()
+    assert memory["waiting"] == ["update", True] and memory["steps_seen"] == 2000
+
+    # Run 2 starts in that plan, with no measuring, and counts run 1's steps:
+    # 2,000 + 2,000 expected steps (8 s) repay the update's 0.6 s but not
+    # whole-step XLA's 1.5 s, which keeps waiting.
+    second = CallPlanner("auto", "auto")
+    second.adopt(first.choice, memory)
+    assert not second.tuning and second.from_cache
+    second.remaining_steps = 2000
+    second.reconsider()
+    assert second.tuning and not second.from_cache and second.next_call().jit == "update"
+    asked = drive_kinds(second, steady_cost(), remaining=2000)
+    assert {p.jit for p in asked} == {"update", False}   # False only to confirm the winner
+    assert second.choice.jit_compile == "update"
+    assert second.memory()["waiting"] == [True]
+
+
+def test_steps_of_runs_that_used_a_plan_add_up_until_a_mode_can_pay():
+    memory = None
+    for run in range(10):
+        planner = CallPlanner("auto", "auto")
+        if memory is None:
+            drive_kinds(planner, steady_cost(), remaining=500)
+            assert planner.choice.jit_compile is False
+        else:
+            planner.adopt(Choice(False, 4, "from the cache"), memory)
+            planner.remaining_steps = 500
+            planner.reconsider()
+            if planner.tuning:
+                break
+        planner.steps_trained = 500    # each run trains 500 steps (1 s)
+        memory = planner.memory()
+        assert memory["steps_seen"] == 500 * (run + 1)
+    # 0.6 s to start the update repays itself once the runs together reach
+    # 6 s (3,000 steps): the seventh run (3,000 before it + 500 of its own).
+    assert run == 5 and planner.next_call().jit == "update"
+
+
+def test_a_plan_memory_from_another_version_is_ignored():
+    planner = CallPlanner("auto", "auto")
+    planner.adopt(Choice(False, 4, "from the cache"), {"waiting": ["update"], "calls": "?"})
+    planner.remaining_steps = 10**9
+    planner.reconsider()
+    assert not planner.tuning and planner.choice.steps_per_call == 4
+    fixed = CallPlanner(False, "auto")   # XLA not asked for: a memory changes nothing
+    fixed.adopt(Choice(False, 4, "from the cache"), {"waiting": ["update"]})
+    assert fixed.memory() is None

@@ -139,16 +139,48 @@ def test_progress_line_shows_the_tuning_state_and_the_choice_once(capsys):
 def test_cache_cli_show_and_clear(tmp_path):
     PlanCache(os.path.join(str(tmp_path), "plans")).put(
         "k1", True, 12, "XLA measured fastest", {"models": ["net"], "batch": [32, "x"]})
+    PlanCache(os.path.join(str(tmp_path), "plans")).put(
+        "k2", False, 8, "tf.function measured fastest", {"models": ["small"]},
+        memory={"waiting": ["update"], "steps_seen": 640, "calls": [], "start_seconds": [],
+                "reference_batch": 32})
     env = dict(os.environ, TAPEWORKS_CACHE_DIR=str(tmp_path))
     show = subprocess.run([sys.executable, "-m", "tapeworks.cli", "cache", "show"],
                           capture_output=True, text=True, env=env)
     assert show.returncode == 0, show.stderr
     assert "k1" in show.stdout and "jit_compile=True" in show.stdout
+    assert "not tried yet: XLA update (after 640 steps" in show.stdout
     listed = json.loads(subprocess.run(
         [sys.executable, "-m", "tapeworks.cli", "cache", "show", "--json"],
         capture_output=True, text=True, env=env).stdout)
-    assert listed[0]["key"] == "k1"
+    assert {e["key"] for e in listed} == {"k1", "k2"}
     clear = subprocess.run([sys.executable, "-m", "tapeworks.cli", "cache", "clear"],
                            capture_output=True, text=True, env=env)
-    assert clear.returncode == 0 and "1 plan" in clear.stdout
+    assert clear.returncode == 0 and "2 plans" in clear.stdout
     assert PlanCache(os.path.join(str(tmp_path), "plans")).entries() == []
+
+
+def test_a_plan_with_modes_still_waiting_counts_the_steps_of_each_run(tmp_path):
+    # 40 steps per epoch of a tiny model: far too few to repay an XLA start,
+    # so the plan is stored with the XLA modes waiting; each run that uses it
+    # adds its steps, so that a script run often enough tries them.
+    x, y = models.regression_data(n=400)
+    first = _trainer(str(tmp_path))
+    for _ in range(20):
+        first.fit((x, y), batch_size=10, epochs=2, verbose=0)
+        if first.tuning["jit_compile"] is not None:
+            break
+    assert first.tuning["jit_compile"] is False and first.tuning["waiting_to_try"]
+    first.fit((x, y), batch_size=10, epochs=1, verbose=0)   # the count follows every fit
+    trained = int(first.counters.step)
+    (key, plan), = PlanCache(str(tmp_path)).entries()
+    assert plan["memory"]["steps_seen"] == trained
+    assert set(plan["memory"]["waiting"]) == {True, "update"}
+    assert plan["reason"] == first.tuning["reason"]
+
+    second = _trainer(str(tmp_path))
+    second.fit((x, y), batch_size=10, epochs=1, verbose=0)
+    assert second.tuning["from_cache"] and second.tuning["steps_of_earlier_runs"] == trained
+    assert second.tuning["measured"] == {}
+    (_, plan), = PlanCache(str(tmp_path)).entries()
+    assert plan["memory"]["steps_seen"] == trained + 40
+    assert plan["reason"] == first.tuning["reason"]   # the measuring run's reason, kept
