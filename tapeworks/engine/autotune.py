@@ -387,7 +387,7 @@ class CallPlanner:
             gain = remaining_time * XLA_BEST_SAVING
             budget = TRY_BUDGET * remaining_time - self._trying_spent
             self._untried.pop(0)
-            if gain > cost and cost <= budget:
+            if gain > cost and cost <= budget and self._trial_fits_this_fit():
                 self._modes.append(mode)
                 self._queue = self._start_schedule(mode)
                 return
@@ -398,6 +398,24 @@ class CallPlanner:
                     f"{cost:.2f} s against at most {gain:.2f} s to win over the {remaining} "
                     f"steps expected (trying may spend {TRY_BUDGET:.0%} of their "
                     f"{remaining_time:.2f} s)")
+
+    def _trial_fits_this_fit(self):
+        """Whether a trial started now can end before this fit does.
+
+        Only asked when earlier runs' steps count (`steps_before`): what a
+        trial finds is worth their steps only once it is stored, and a
+        process that ends in the middle of a trial stores nothing, so the
+        next run would pay the same start again (measured: short warm runs
+        of the large MLP each started the XLA update anew). Within a process
+        an unfinished trial goes on in the next fit.
+        """
+        if not self.steps_before:
+            return True
+        probe = max((n for n, _, _ in self._calls.get(False, [])), default=PROBE_STEPS)
+        # Its start, the timed rounds of 1 and `probe` steps, and the check
+        # against one-step tf.function (at most `probe` steps per call).
+        trial = 2 + 2 * ROUNDS * (1 + probe)
+        return (self.remaining_steps or 0) >= trial
 
     def _still_worth_it(self, mode, first_seconds):
         """After an XLA mode's first call: can the rest of its start (its loop) still pay?"""

@@ -304,3 +304,23 @@ def test_a_plan_memory_from_another_version_is_ignored():
     fixed = CallPlanner(False, "auto")   # XLA not asked for: a memory changes nothing
     fixed.adopt(Choice(False, 4, "from the cache"), {"waiting": ["update"]})
     assert fixed.memory() is None
+
+
+def test_a_later_run_too_short_to_finish_a_trial_does_not_start_one():
+    # Runs 1 and 2 together repay the update's start, but run 2 has 60 steps
+    # left: too few for the trial's start, timed rounds and check (its
+    # results would be lost with the process). It waits for a longer run.
+    first = CallPlanner("auto", "auto")
+    drive_kinds(first, steady_cost(), remaining=2000)
+    first.steps_trained = 10_000
+    memory = first.memory()
+    short = CallPlanner("auto", "auto")
+    short.adopt(first.choice, memory)
+    short.remaining_steps = 60
+    short.reconsider()
+    assert not short.tuning and short.memory()["waiting"] == ["update", True]
+    longer = CallPlanner("auto", "auto")
+    longer.adopt(first.choice, memory)
+    longer.remaining_steps = 2000
+    longer.reconsider()
+    assert longer.tuning and longer.next_call().jit == "update"
