@@ -54,7 +54,7 @@ class DigitsGAN(tapeworks.Task):
                         keras.optimizers.Adam(2e-4, beta_1=0.5), every=discriminator_steps)
 
     def compute_losses(self, real, training):
-        noise = tf.random.normal((tf.shape(real)[0], NOISE))
+        noise = self.random.normal((tf.shape(real)[0], NOISE))
         fake = self.generator(noise, training=training)
         real_logits = self.discriminator(real, training=training)
         fake_logits = self.discriminator(fake, training=training)

@@ -25,6 +25,7 @@ _EXPORTS = {
     "LossError": "tapeworks.errors",
     "MissingGradientError": "tapeworks.errors",
     "NonFiniteError": "tapeworks.engine.nonfinite",
+    "CheckpointError": "tapeworks.engine.run_checkpoint",
     "TapeworksWarning": "tapeworks.errors",
     "CorrectnessWarning": "tapeworks.errors",
     "PerformanceWarning": "tapeworks.errors",

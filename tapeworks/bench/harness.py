@@ -33,7 +33,7 @@ SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
                                  _scenario("precision"), _scenario("gan"), _scenario("input"),
                                  _scenario("lint"), _scenario("autotune"),
                                  _scenario("wallclock"), _scenario("diagnose"),
-                                 _scenario("bugs"))}
+                                 _scenario("bugs"), _scenario("checkpoint"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
@@ -67,6 +67,8 @@ def machine_description():
 
 
 def _format(value):
+    if value is None:
+        return ""   # a column that does not apply to this row
     if isinstance(value, float):
         if abs(value) >= 100:
             return f"{value:,.0f}"
@@ -89,7 +91,7 @@ def to_markdown(result):
     lines += ["", "| " + " | ".join(title for _, title in columns) + " |",
               "|" + "---|" * len(columns)]
     for row in result["rows"]:
-        lines.append("| " + " | ".join(_format(row[key]) for key, _ in columns) + " |")
+        lines.append("| " + " | ".join(_format(row.get(key)) for key, _ in columns) + " |")
     notes = [(" / ".join(str(row[key]) for key, _ in columns[:2] if isinstance(row[key], str)),
               row["notes"])
              for row in result["rows"] if row.get("notes")]
@@ -111,7 +113,9 @@ def write_chart(result, path):
     groups = list(dict.fromkeys(row[chart["group"]] for row in result["rows"]))
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, group in zip(axes[0], groups):
-        rows = [r for r in result["rows"] if r[chart["group"]] == group]
+        # Rows without the charted value (a size, a save time) are in the table only.
+        rows = [r for r in result["rows"]
+                if r[chart["group"]] == group and r.get(chart["value"]) is not None]
         names = [r[chart["bar"]] for r in rows]
         values = [r[chart["value"]] for r in rows]
         # Bounds (the "ceiling" rows) are references, not contenders: they

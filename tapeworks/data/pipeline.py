@@ -92,6 +92,13 @@ def pipeline(source, *, batch_size, training, map=None, augment=None, batch_augm
     if drop_remainder is None:
         drop_remainder = training
     parallel = dict(num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    # Shuffled examples get their augmentation seeds from their index and
+    # their position in the pass (see `_augment`): they are numbered first.
+    numbered = bool(training and shuffle and augment is not None and _takes_seed(augment))
+    if numbered:
+        dataset = tf.data.Dataset.zip((dataset, tf.data.Dataset.range(2 ** 62)))
+        if map is not None:
+            map = _on_element(map)
 
     def do_shuffle(ds):
         if not (training and shuffle):
@@ -109,7 +116,7 @@ def pipeline(source, *, batch_size, training, map=None, augment=None, batch_augm
         if map is not None:
             dataset = dataset.map(map, **parallel)
     if training and augment is not None:
-        dataset = _augment(dataset, augment, seed, parallel)
+        dataset = _augment(dataset, augment, seed, parallel, numbered)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
                             num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     if training and batch_augment is not None:
@@ -166,19 +173,44 @@ def _takes_seed(fn):
         return False
 
 
-def _augment(dataset, augment, seed, parallel):
+def _on_element(fn):
+    """`fn` applied to the example of a numbered (example, index) pair."""
+    def call(element, index):
+        args = element if isinstance(element, tuple) else (element,)
+        return fn(*args), index
+    return call
+
+
+def _augment(dataset, augment, seed, parallel, numbered):
     if not _takes_seed(augment):
         return dataset.map(augment, **parallel)
-    # One stateless seed per example, from a seeded stream zipped alongside:
-    # the same `seed` gives the same augmentations, in any number of threads.
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    paired = tf.data.Dataset.zip((dataset, seeds))
+    first = tf.constant(seed if seed is not None else 0, tf.int64)
 
     def call(element, pair):
         args = element if isinstance(element, tuple) else (element,)
         return augment(*args, seed=pair)
 
-    return paired.map(call, **parallel)
+    if numbered:
+        # One stateless seed per example from its index and its position in
+        # this pass: the shuffle puts each example elsewhere every pass, so
+        # each epoch draws other seeds, and the same `seed` repeats them, in
+        # any number of threads. Nothing random sits under a zip: tf.data
+        # restores a shuffle's reshuffling state with an iterator checkpoint
+        # only outside one (a zip re-made the shuffle's iterator after the
+        # restore, measured), so a resumed run's later epochs draw what the
+        # uninterrupted run drew. The position is a `scan` counter, also
+        # held by the iterator checkpoint.
+        def seeded(position, pair):
+            (element, index) = pair
+            return position + 1, (element, tf.stack([first, index * 2 ** 31 + position]))
+
+        positioned = dataset.scan(tf.constant(0, tf.int64), seeded)
+        return positioned.map(call, **parallel)
+    # Not shuffled: a seeded stream zipped alongside, drawn anew each pass.
+    # (tf.data does not restore its per-pass state exactly after a resume:
+    # see the README's "Resume".)
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    return tf.data.Dataset.zip((dataset, seeds)).map(call, **parallel)
 
 
 def without_autotuning(dataset):

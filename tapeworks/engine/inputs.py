@@ -218,8 +218,64 @@ class EpochBatches:
         self._batches = cardinality(prepared.dataset)
         self._iterator = None
         self._used = 0
+        self.passes = 0          # iterators started over the data (a resumed run replays them)
+        self._resume = None
+
+    @property
+    def drawn(self):
+        """Batches drawn from the current pass."""
+        return self._used
+
+    @property
+    def current(self):
+        """The iterator of the current pass (for a checkpoint of its position)."""
+        return self._iterator
+
+    def resume(self, passes, drawn, mid_pass, restore_iterator=None):
+        """Puts the data where a saved run was: `passes` started, `drawn` batches into the last.
+
+        `restore_iterator(iterator)` (tf.data pipelines) restores the last
+        pass's iterator from its checkpoint: its position, shuffle buffer and
+        random state, and the reshuffling state of the dataset's shuffles,
+        which tf.data saves with the iterator (tested), so the next pass
+        comes in the uninterrupted order. Replayed data (arrays, or
+        `checkpoint_data="skip"`) has no checkpoint: the passes before are
+        started and dropped unread, which advances each reshuffling seed as
+        the uninterrupted run did, then `drawn` batches are drawn again.
+        """
+        self._resume = (passes, drawn, mid_pass, restore_iterator)
 
     def start_epoch(self):
+        if self._resume is not None:
+            passes, drawn, mid_pass, restore_iterator = self._resume
+            self._resume = None
+            if passes:
+                if restore_iterator is None:
+                    for _ in range(passes - 1):
+                        iter(self.prepared.dataset)
+                    self.restart()
+                    for index in range(drawn if mid_pass else 0):
+                        if self._iterator.get_next_as_optional().has_value():
+                            continue
+                        raise DataSpecError(
+                            f"The checkpoint was saved {drawn} batches into a pass over the "
+                            f"training data; this data ends after {index}. Expected the data "
+                            "of the run that saved it (same arrays, batch size and seed). "
+                            "Fix: pass that data, or start over with resume=False, "
+                            "overwrite=True.")
+                else:
+                    self.restart()
+                    try:
+                        restore_iterator(self._iterator)
+                    except (tf.errors.OpError, AssertionError, ValueError) as error:
+                        raise DataSpecError(
+                            "The data position in the checkpoint does not fit this pipeline "
+                            f"({type(error).__name__}: {str(error)[:200]}). Expected the "
+                            "pipeline of the run that saved it. Fix: build the same pipeline, "
+                            "or start over with resume=False, overwrite=True.") from None
+                self.passes, self._used = passes, drawn
+                if mid_pass:
+                    return
         if self._iterator is None or self.steps_per_epoch is None:
             self.restart()
 
@@ -229,6 +285,7 @@ class EpochBatches:
                    else self.prepared.dataset)
         self._iterator = iter(dataset)
         self._used = 0
+        self.passes += 1
 
     def iterator(self):
         if (self.steps_per_epoch is not None and self._batches

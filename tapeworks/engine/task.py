@@ -24,7 +24,7 @@ class GAN(tapeworks.Task):
 
     def compute_losses(self, batch, training):
         real = batch
-        noise = tf.random.normal((tf.shape(real)[0], self.noise_dim))
+        noise = self.random.normal((tf.shape(real)[0], self.noise_dim))
         fake = self.generator(noise, training=training)
         real_logits = self.discriminator(real, training=training)
         fake_logits = self.discriminator(fake, training=training)
@@ -194,6 +194,27 @@ class Task:
     def predict_step(self, batch):
         x = batch[0] if isinstance(batch, tuple) else batch
         return self.model(x, training=False)
+
+    @property
+    def random(self):
+        """The Task's own random generator (`tf.random.Generator`) for its noise.
+
+        Draw from it in `compute_losses` (`self.random.normal(shape)`): its
+        state is a variable, seeded from `Trainer(seed=)` and held in
+        `trainer.checkpoint`, so a resumed run draws what the uninterrupted
+        run would have drawn. A global op such as `tf.random.normal` keeps
+        its state outside any variable: no checkpoint can restore it.
+        """
+        generator = getattr(self, "_random", None)
+        if generator is None:
+            generator = self._random = tf.random.Generator.from_non_deterministic_state()
+        return generator
+
+    def _seed_random(self, seed):
+        """Creates the generator before any tracing (a variable made inside a trace is lost)."""
+        if getattr(self, "_random", None) is None:
+            self._random = (tf.random.Generator.from_seed(seed) if seed is not None
+                            else tf.random.Generator.from_non_deterministic_state())
 
     def check_unchanged(self):
         """Raises `ConfigError` when the task changed in a way its compiled step cannot follow."""

@@ -31,6 +31,7 @@ from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
 from tapeworks.engine import retracing
+from tapeworks.engine import run_checkpoint
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.callback_bridge import EpochEndLine
 from tapeworks.engine.progress import EpochProgress, resolve_verbose
@@ -283,6 +284,11 @@ class Trainer:
             self._plan_cache = plan_cache_lib.PlanCache(
                 plan_cache if isinstance(plan_cache, (str, os.PathLike)) else None)
         self._plan_key = None       # fingerprint of this trainer's plan, once known
+        self._resumer = None        # the save/resume cycle of a fit with checkpoint_dir
+        self._last_checkpoint = None
+        self._user_callbacks = []   # the callbacks of the running fit, as passed
+        # (global step, folder, seconds) of each save of the last fit with checkpoint_dir.
+        self.checkpoint_saves = []
         self._plan_reason = None    # why that plan was chosen (the run that measured it)
         self._element_spec = None
         # The input planner of the last built pipeline fitted on (a weak reference
@@ -344,7 +350,9 @@ class Trainer:
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
             sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
-            validation_batch_size=None, validation_freq=1):
+            validation_batch_size=None, validation_freq=1, *, checkpoint_dir=None,
+            checkpoint_every="epoch", keep=3, keep_best=None, resume=True, overwrite=False,
+            checkpoint_data="auto"):
         """Trains the model; Keras' `Model.fit` signature and semantics, argument for argument.
 
         Args:
@@ -380,6 +388,27 @@ class Trainer:
             validation_freq: validate every this many epochs, or at the listed
                 (1-based) epochs.
 
+        Resuming (keyword-only; tapeworks' own, see the README's "Resume"):
+            checkpoint_dir: save the whole training state there, and resume
+                from the newest complete checkpoint there when the same
+                command runs again (model, optimizer, accumulators, metrics of
+                the running epoch, random state, data position, the "auto"
+                choice, the callbacks' state). SIGTERM and SIGINT save after
+                the running call and exit with status 128 + the signal.
+            checkpoint_every: a number of steps, "epoch", or a duration
+                ("90s", "10min", "2h").
+            keep: the newest checkpoints kept.
+            keep_best: also keep the best checkpoint by this logged metric
+                (e.g. "val_loss"; accuracy-like names are maximised, as in
+                Keras); saves at every epoch end.
+            resume: False starts fresh; a folder with checkpoints is then
+                refused unless `overwrite=True` (which deletes them).
+            checkpoint_data: "auto" (arrays are replayed from the run's seed,
+                tf.data pipelines saved with tf.data's iterator checkpointing)
+                or "skip" (re-create the data and skip the batches already
+                trained this epoch: for generators, PyDatasets and pipelines
+                tf.data cannot save; exact only for data in a fixed order).
+
         Returns:
             The `keras.callbacks.History` of the run.
         """
@@ -387,6 +416,19 @@ class Trainer:
         # reported with the argument that changed (`retracing.py`).
         with retracing.RetraceWatch() as watch:
             try:
+                resumer = None
+                if checkpoint_dir is not None:
+                    self._refuse_backup_and_restore(callbacks)
+                    resumer = run_checkpoint.RunCheckpointer(
+                        self, checkpoint_dir, every=checkpoint_every, keep=keep,
+                        keep_best=keep_best, resume=resume, overwrite=overwrite,
+                        checkpoint_data=checkpoint_data)
+                    with resumer.preemption:
+                        return self._fit(x, y, batch_size, epochs, verbose, callbacks,
+                                         validation_split, validation_data, shuffle,
+                                         class_weight, sample_weight, initial_epoch,
+                                         steps_per_epoch, validation_steps,
+                                         validation_batch_size, validation_freq, resumer)
                 return self._fit(x, y, batch_size, epochs, verbose, callbacks,
                                  validation_split, validation_data, shuffle, class_weight,
                                  sample_weight, initial_epoch, steps_per_epoch,
@@ -396,11 +438,18 @@ class Trainer:
 
     def _fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_split,
              validation_data, shuffle, class_weight, sample_weight, initial_epoch,
-             steps_per_epoch, validation_steps, validation_batch_size, validation_freq):
+             steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
+             resumer=None):
         verbose = resolve_verbose(verbose)
+        self._resumer = resumer
+        self.checkpoint_saves = []
         self.task.check_unchanged()
         data_stage.check_epochs(epochs, initial_epoch, steps_per_epoch)
         data_stage.check_validation_freq(validation_freq)
+        if resumer is not None and self._data.seed is None:
+            # Array inputs are replayed from the seed on resume: a run
+            # without one gets one, kept in the checkpoint folder.
+            self._data.seed = resumer.run_seed(lambda: int.from_bytes(os.urandom(4), "little"))
         train, validation = self._data.for_fit(
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
             class_weight=class_weight, steps_per_epoch=steps_per_epoch,
@@ -415,12 +464,18 @@ class Trainer:
                 "generator endless and set `steps_per_epoch`.")
         self._build(train.dataset.element_spec)
         self._first_fit_checks()
+        resume_point = None
+        if resumer is not None:
+            resumer.data = run_checkpoint.data_mode(train, resumer.checkpoint_data)
+            resume_point = resumer.restore(self._read_run_state)
         self._guard.reset()
         self._nonfinite_warned = 0
         self._host_step, self._monitor_next = int(self.counters.step), None
         self._ensure_planner()
         if train.batch_size and self._plan_key is None:
             self._use_plan_cache(train.batch_size)
+        if resume_point is not None:
+            initial_epoch = self._resume_from(resume_point, verbose)
         steps_known = train.steps
         if steps_known:
             self._planner.limit_steps(max(1, steps_known // 2))
@@ -436,14 +491,30 @@ class Trainer:
         )
         self.model.stop_training = False
         callback_list.on_train_begin()
+        self._user_callbacks = list(callbacks or [])   # saved and restored in this order
+        if resume_point is not None:
+            # After on_train_begin, which resets EarlyStopping and friends.
+            restored = run_checkpoint.restore_callbacks_state(
+                self._user_callbacks, *resumer.read_callbacks(resume_point))
+            if restored:
+                logger.info("restored the state of %s", ", ".join(restored))
         # Keras' BackupAndRestore sets `_initial_epoch` in on_train_begin when it
         # restored a backup; Keras' own loop starts there, and so does this one.
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
-        input_planner = self._input_planner_for(x, train, steps_per_epoch)
+        input_planner = (None if resumer is not None
+                         else self._input_planner_for(x, train, steps_per_epoch))
         batches = inputs.EpochBatches(train, steps_per_epoch, input_planner)
+        if resume_point is not None:
+            batches.resume(resume_point.passes, resume_point.batches_drawn,
+                           mid_pass=resume_point.steps_in_epoch > 0
+                           or steps_per_epoch is not None,
+                           restore_iterator=self._iterator_reader(resume_point))
         training_logs = None
         for epoch in range(initial_epoch, epochs):
-            self._reset_metrics()
+            resuming_mid_epoch = (resume_point is not None and epoch == resume_point.epoch
+                                  and resume_point.steps_in_epoch > 0)
+            if not resuming_mid_epoch:
+                self._reset_metrics()   # a resumed epoch keeps its restored running metrics
             self.counters.epoch.assign(epoch)
             train.on_epoch_begin()
             callback_list.on_epoch_begin(epoch)
@@ -454,7 +525,9 @@ class Trainer:
                 traces, epoch_start = sum(self.traces.values()), time.perf_counter()
             steps_done, samples_done, logs = self._train_epoch(
                 batches, callback_list, progress, epoch, later_epochs=epochs - epoch - 1,
-                known_steps=steps_known)
+                known_steps=steps_known,
+                start=((resume_point.steps_in_epoch, resume_point.samples_in_epoch)
+                       if resuming_mid_epoch else (0, 0)))
             if input_planner is not None:
                 input_planner.end_epoch(
                     samples_done, time.perf_counter() - epoch_start,
@@ -487,6 +560,13 @@ class Trainer:
             self._announce_choice_once(verbose)
             self._announce_input_choice_once(input_planner, verbose)
             training_logs = epoch_logs
+            if resumer is not None and (resumer.due_after_epoch() or resumer.save_at_epoch_end
+                                        or resumer.preemption.signal is not None):
+                # A run a callback stopped is saved as finished: running the
+                # command again must not train on past EarlyStopping.
+                self._save_run(batches, epochs if self.model.stop_training else epoch + 1, 0, 0,
+                               logs=epoch_logs)
+                self._exit_if_preempted()
             if self.model.stop_training:
                 break
         if epochs > initial_epoch:
@@ -494,6 +574,14 @@ class Trainer:
             # weights here, as Keras' fit does.
             for update in self.task.updates:
                 update.optimizer.finalize_variable_values(update.variables())
+        finished = max(epochs, initial_epoch)
+        if resumer is not None and resumer.last_position != (finished, 0):
+            # The end of the run is saved too: running the command again
+            # finds the run finished instead of repeating its tail (or the
+            # end of its last epoch: validation, epoch callbacks).
+            self._save_run(batches, finished, 0, 0)
+        if resumer is not None:
+            self._exit_if_preempted()
         self._remember_steps_for_later_runs()
         if self._planner.tuning:
             # Measuring goes on in the next fit (epoch-by-epoch fit loops are
@@ -546,12 +634,12 @@ class Trainer:
             )
 
     def _train_epoch(self, batches, callback_list, progress, epoch, later_epochs=0,
-                     known_steps=None):
+                     known_steps=None, start=(0, 0)):
         steps_per_epoch = batches.steps_per_epoch
         epoch_steps = steps_per_epoch or batches.prepared.steps
         # Data of unknown length: its length is known after the first epoch.
         length = epoch_steps or known_steps
-        steps_done = samples_done = 0
+        steps_done, samples_done = start   # a resumed epoch starts where it was saved
         logs = {}
         batches.start_epoch()
         restarted = False
@@ -599,6 +687,15 @@ class Trainer:
                 restarted = False
                 callback_list.on_train_batch_end(steps_done - 1, logs)
                 progress.update(steps_done, samples_done, logs, self._planner.status())
+                if self._resumer is not None and self._resumer.due_after_call(self._host_step):
+                    if (epoch_steps and steps_done >= epoch_steps
+                            and self._resumer.preemption.signal is None):
+                        # The epoch's last step: saved at the epoch's end, once,
+                        # after its validation and epoch callbacks.
+                        self._resumer.save_at_epoch_end = True
+                    else:
+                        self._save_run(batches, epoch, steps_done, samples_done)
+                        self._exit_if_preempted()
                 if self.model.stop_training:
                     break
             if ran < num_steps:
@@ -929,6 +1026,125 @@ class Trainer:
                 and self._planner.memory() is not None:
             self._store_plan()
 
+    # Resuming (run_checkpoint.py) ---------------------------------------------
+
+    @staticmethod
+    def _refuse_backup_and_restore(callbacks):
+        for callback in callbacks or []:
+            if isinstance(callback, keras.callbacks.BackupAndRestore):
+                raise ConfigError(
+                    "keras.callbacks.BackupAndRestore was passed with checkpoint_dir. They "
+                    "would both restore the run, and BackupAndRestore restarts an interrupted "
+                    "epoch from its first batch on mid-epoch weights. Expected one of them. "
+                    "Fix: drop BackupAndRestore; checkpoint_dir saves and resumes everything "
+                    "it does, and the data position, random state and callbacks' state too.")
+
+    def _run_state(self):
+        """`trainer.checkpoint` plus what a resumed step also depends on.
+
+        `Layer.variables` beyond the weights (Keras SeedGenerator states:
+        Dropout's draws), the metric accumulators of the running epoch, and
+        the Task's generator.
+        """
+        state = self.checkpoint
+        metrics = [v for t in self._trackers.values() for v in t.variables]
+        for model in self.task.models:
+            metrics.extend(model.metrics_variables)
+        for value in vars(self.task).values():
+            if isinstance(value, keras.metrics.Metric):
+                metrics.extend(value.variables)
+        state.metrics = metrics
+        return state
+
+    def _read_run_state(self, prefix):
+        """Restores a saved run state; on failure puts every variable back as it was."""
+        state = self._run_state()
+        variables = {id(v): v for v in list(state.random_states) + list(state.metrics)}
+        for part in [*self.task.models, self.counters, self.precision, *self.states,
+                     *(u.optimizer for u in self.task.updates)]:
+            variables.update({id(v): v for v in part.variables})
+        variables[id(self.task.random.state)] = self.task.random.state
+        before = [(v, v.numpy()) for v in variables.values()]
+        try:
+            state.read(prefix).assert_existing_objects_matched()
+        except Exception:
+            for variable, value in before:
+                variable.assign(value)
+            raise
+
+    def _iterator_reader(self, point):
+        if point.data != "iterator" or not point.passes:
+            return None
+        prefix = os.path.join(point.folder, "data")
+        return lambda iterator: tf.train.Checkpoint(iterator=iterator).read(
+            prefix).assert_consumed()
+
+    def _resume_from(self, point, verbose):
+        """Applies a restored run's choice of mode; says where it resumed. Returns its epoch."""
+        self._host_step = int(self.counters.step)
+        saved_seed = point.run.get("seed")
+        if point.data == "replay" and saved_seed != self._data.seed:
+            warn(f"tapeworks: the checkpoint's run shuffled with seed {saved_seed}, this trainer "
+                 f"with {self._data.seed}: the resumed epochs see the data in another order "
+                 "than the uninterrupted run would have. Fix: Trainer(seed=...) as in the run "
+                 "that saved it.", CorrectnessWarning)
+        planner = point.run.get("planner")
+        if planner:
+            # Over a plan-cache choice too: the checkpoint's is what the run was running.
+            self._planner.adopt(autotune.Choice(
+                planner[0], planner[1], "kept by the checkpoint, so the resumed run runs "
+                "the same compiled step"))
+        message = f"tapeworks: {point.describe()}"
+        if verbose:
+            print(message)
+        logger.info("%s", message)
+        return point.epoch
+
+    def _save_run(self, batches, epoch, steps_in_epoch, samples_in_epoch, logs=None):
+        resumer = self._resumer
+        if resumer.saves == 0 and not self.run_eagerly:
+            self._warn_global_random_ops()
+        choice = self._planner.choice
+        position = {"epoch": epoch, "steps_in_epoch": steps_in_epoch,
+                    "samples_in_epoch": samples_in_epoch, "passes": batches.passes,
+                    "batches_drawn": batches.drawn, "data": resumer.data,
+                    "planner": [choice.jit_compile, choice.steps_per_call] if choice else None,
+                    "seed": self._data.seed}
+        start = time.perf_counter()
+        folder = resumer.save(
+            self._host_step, position, lambda prefix: self._run_state().write(prefix),
+            lambda prefix: tf.train.Checkpoint(iterator=batches.current).write(prefix),
+            self._user_callbacks, logs=logs)
+        self._last_checkpoint = folder
+        self.checkpoint_saves.append((self._host_step, folder, time.perf_counter() - start))
+        return folder
+
+    def _exit_if_preempted(self):
+        number = self._resumer.preemption.signal
+        if number is None:
+            return
+        import sys
+        print(run_checkpoint.preempted_message(number, self._last_checkpoint,
+                                               self._resumer.folder.path), file=sys.stderr)
+        sys.stderr.flush()
+        raise SystemExit(128 + number)
+
+    def _warn_global_random_ops(self):
+        functions = []
+        for key, fn in self._loops.items():
+            if isinstance(key, tuple) and key[0] == "train" and hasattr(
+                    fn, "_list_all_concrete_functions"):
+                functions.extend(fn._list_all_concrete_functions())
+        found = run_checkpoint.global_random_ops(functions)
+        if found:
+            names = ", ".join(f"{api} (op {op})" for op, api in sorted(found.items()))
+            warn(f"tapeworks: the training step calls {names}: a global random op keeps its "
+                 "state outside every variable, so no checkpoint can restore it and a resumed "
+                 "run draws other numbers than the uninterrupted run. Fix: draw from the "
+                 "Task's checkpointed generator, e.g. `self.random.normal(shape)` in "
+                 "compute_losses, or a Keras layer (they use a SeedGenerator the checkpoint "
+                 "holds).", CorrectnessWarning)
+
     def _close_partial_window(self):
         """Applies a window left with fewer than `accumulate` micro-batches at epoch end."""
         if self.accumulate == 1 or not any(bool(s.has_pending()) for s in self.states):
@@ -949,8 +1165,11 @@ class Trainer:
     def checkpoint(self):
         """A `tf.train.Checkpoint` of everything training changes.
 
-        Model, optimizer (iterations, slots), accumulators and loss scale:
-        restoring it and training on resumes exactly, mid-window included.
+        Model, optimizer (iterations, slots), accumulators, loss scale,
+        counters and the step's random state (Keras SeedGenerators, the
+        Task's `random`): restoring it and training on resumes exactly,
+        mid-window included. (`fit(checkpoint_dir=)` saves it with the rest
+        of the run: data position, metrics, callbacks.)
         Available once `fit` (or `evaluate`) has built the variables.
         """
         if not self._built:
@@ -963,6 +1182,13 @@ class Trainer:
         for i, update in enumerate(self.task.updates):
             if isinstance(update.loss, tf.Module):
                 parts[f"weighting_{i}"] = update.loss
+        # The random state of the step: Keras SeedGenerator states (Dropout's
+        # draws; `Layer.variables` lists them, a checkpoint of the model
+        # object does not) and the Task's generator.
+        weights = {id(v) for m in self.task.models for v in m.weights}
+        parts["random_states"] = [v for m in self.task.models for v in m.variables
+                                  if id(v) not in weights]
+        parts["task_random"] = self.task.random
         return tf.train.Checkpoint(precision=self.precision, counters=self.counters, **parts)
 
     def build_state(self, x=None, y=None, batch_size=None, sample_weight=None):
@@ -1109,6 +1335,7 @@ class Trainer:
         if targets:
             self._element_spec = element_spec
         x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
+        self.task._seed_random(self.seed)
         with guards.inside_step():
             if isinstance(self.task, task_lib.SupervisedTask) and not self.model.built:
                 if self.run_eagerly:

@@ -89,11 +89,12 @@ def test_bench_list():
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose", "bugs"]
+        "diagnose", "bugs", "checkpoint"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", ["accumulate", "precision", "gan", "input", "diagnose"])
+@pytest.mark.parametrize("scenario", ["accumulate", "precision", "gan", "input", "diagnose",
+                                      "checkpoint"])
 def test_other_scenarios_quick(tmp_path, scenario):
     result = tapeworks("bench", scenario, "--quick", "--repeats", "3", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,129 @@
+"""Scenario `checkpoint`: what `fit(checkpoint_dir=..., checkpoint_every=100)` costs.
+
+On the `loops` small and large MLPs (arrays passed to `fit`, the usual way:
+their position is replayed from the seed, so no data goes into a
+checkpoint): training throughput with a save every 100 steps against the
+same trainer setup without checkpointing, alternating, in the mode "auto"
+settles on (fixed for both, so only the saving differs). Each timed repeat
+is one fit of 300 steps into an empty folder (saves at 100, 200 and 300).
+Also: the time of one save (write, fsync, checksums, rename) and of one
+restore (read and assign), and the size of a checkpoint against the size of
+the weights (Adam keeps two moments per weight: about 3x), and, for
+comparison, the size when the same arrays come as a cached `tf.data`
+dataset (its iterator checkpoint holds the cached data). Target: at least
+0.95x the throughput without checkpointing.
+"""
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import keras
+import numpy as np
+
+from tapeworks.bench.data import in_memory_dataset
+from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, _data, _loss, build_mlp
+from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.engine import Trainer
+
+DESCRIPTION = ("cost of fit(checkpoint_dir=..., checkpoint_every=100) on the bench MLPs: "
+               "throughput, save and restore time, checkpoint size")
+EVERY = 100
+STEPS = 300
+
+
+def _folder_bytes(path):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(path) for name in names)
+
+
+def run(quick=False, repeats=5):
+    rows = []
+    facts = {"target": "throughput with checkpoint_every=100 at least 0.95x without"}
+    scratch = tempfile.mkdtemp(prefix="tapeworks-bench-checkpoint-")
+    try:
+        for size in (QUICK_SIZES if quick else SIZES):
+            steps = 30 if quick else STEPS
+            x, y = _data(size, steps)
+            samples = steps * size.batch
+            probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+                            plan_cache=False, seed=0)
+            settle_trainer(probe, in_memory_dataset((x, y), size.batch),
+                           long_fit_seconds=2.0 if quick else 20.0)
+            mode = dict(jit_compile=probe.jit_compile, steps_per_call=probe.steps_per_call)
+            saved = []
+
+            def trainer():
+                return Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+                               plan_cache=False, seed=0, **mode)
+
+            plain, checkpointed = trainer(), trainer()
+            runs = {"n": 0}
+
+            def fit_plain():
+                plain.fit(x, y, batch_size=size.batch, verbose=0)
+                return samples
+
+            def fit_checkpointed():
+                runs["n"] += 1
+                folder = os.path.join(scratch, f"{size.widths[1]}-{runs['n']}")
+                checkpointed.fit(x, y, batch_size=size.batch, verbose=0,
+                                 checkpoint_dir=folder, checkpoint_every=EVERY)
+                saved.extend(checkpointed.checkpoint_saves)
+                shutil.rmtree(folder)
+                return samples
+
+            results = alternate([Approach("no checkpointing", fit_plain),
+                                 Approach(f"checkpoint_every={EVERY}", fit_checkpointed)],
+                                repeats)
+            base = results["no checkpointing"]["samples_per_s"]
+            for name, result in results.items():
+                rows.append({"model": size.name, "approach": name,
+                             "samples_per_s": result["samples_per_s"],
+                             "vs_plain": result["samples_per_s"] / base,
+                             "repeats": result["runs"], "group": size.name})
+
+            # One checkpoint, kept: its size, and the time to restore it.
+            folder = os.path.join(scratch, f"{size.widths[1]}-kept")
+            kept = trainer()
+            kept.fit(x, y, batch_size=size.batch, verbose=0, checkpoint_dir=folder,
+                     checkpoint_every=EVERY)
+            latest = kept.checkpoint_saves[-1][1]
+            weights = sum(np.asarray(w).nbytes for w in kept.model.weights)
+            restores = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                kept._read_run_state(os.path.join(latest, "state"))
+                restores.append(time.perf_counter() - start)
+            cached = os.path.join(scratch, f"{size.widths[1]}-dataset")
+            as_dataset = trainer()
+            as_dataset.fit(in_memory_dataset((x, y), size.batch), verbose=0,
+                           checkpoint_dir=cached, checkpoint_every=EVERY)
+            save_seconds = [seconds for _, _, seconds in saved]
+            rows.append({"model": size.name, "approach": "one save / one restore",
+                         "save_seconds": statistics.median(save_seconds),
+                         "restore_seconds": statistics.median(restores),
+                         "checkpoint_mb": _folder_bytes(latest) / 2**20,
+                         "weights_mb": weights / 2**20,
+                         "dataset_checkpoint_mb": _folder_bytes(
+                             as_dataset.checkpoint_saves[-1][1]) / 2**20,
+                         "repeats": [], "group": size.name})
+            facts[f"{size.name}: mode"] = (f"jit_compile={mode['jit_compile']}, "
+                                           f"steps_per_call={mode['steps_per_call']}")
+            facts[f"{size.name}: saves timed"] = len(save_seconds)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "columns": [("model", "model"), ("approach", "approach"),
+                    ("samples_per_s", "samples/s"), ("vs_plain", "x no checkpointing"),
+                    ("save_seconds", "one save (s, median)"),
+                    ("restore_seconds", "one restore (s, median)"),
+                    ("checkpoint_mb", "checkpoint MiB"), ("weights_mb", "weights MiB"),
+                    ("dataset_checkpoint_mb", "MiB with a cached tf.data dataset")],
+        "rows": rows,
+        "facts": facts,
+        "chart": {"group": "group", "bar": "approach", "value": "vs_plain",
+                  "label": "throughput relative to no checkpointing"},
+    }
