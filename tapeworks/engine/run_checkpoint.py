@@ -19,7 +19,7 @@ uninterrupted run exactly (the conditions are in the README's "Resume"):
   data started so far, the "auto" planner's choice, the callbacks' state, the
   run's seed and when it was saved; `callbacks.npz`: EarlyStopping's best
   weights;
-- `MANIFEST.json`, written last: the size and SHA-256 of every other file.
+- `MANIFEST.json`, written last: the size and CRC-32 of every other file.
 
 A save is written into `ckpt-<step>.partial-<pid>` and renamed to
 `ckpt-<step>` once complete and synced, so a kill at any moment leaves either
@@ -37,7 +37,6 @@ holds the non-TensorFlow state: hence this folder format, with
 
 import dataclasses
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ import shutil
 import signal
 import threading
 import time
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -128,12 +128,20 @@ def parse_every(value):
 
 # The folder ------------------------------------------------------------------------
 
-def _sha256(path):
-    digest = hashlib.sha256()
+def _crc32(path):
+    """The file's CRC-32 (zlib).
+
+    A checksum against truncation and corruption, not tampering: what
+    TensorFlow's own checkpoints keep per tensor (CRC-32C). SHA-256 was
+    tried first: 0.21 s of a 0.30 s save of the 60 MiB large-MLP checkpoint
+    on this project's 2-core machine, against 0.06 s for CRC-32 (one-off
+    measurement).
+    """
+    crc = 0
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        for block in iter(lambda: f.read(1 << 22), b""):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
 
 
 def _fsync_folder(path):
@@ -234,7 +242,7 @@ class CheckpointFolder:
                 with open(full, "rb+") as f:
                     os.fsync(f.fileno())
                 files[os.path.relpath(full, partial)] = {
-                    "bytes": os.path.getsize(full), "sha256": _sha256(full)}
+                    "bytes": os.path.getsize(full), "crc32": _crc32(full)}
         _write_json(os.path.join(partial, MANIFEST), {"format": FORMAT, "files": files})
         _fsync_folder(partial)
         replaced = None
@@ -268,7 +276,7 @@ class CheckpointFolder:
             size = os.path.getsize(path)
             if size != expected["bytes"]:
                 return f"{name} has {size} bytes, {expected['bytes']} were written (truncated or changed)"
-            if _sha256(path) != expected["sha256"]:
+            if _crc32(path) != expected["crc32"]:
                 return f"{name} does not match its checksum (corrupt)"
         return None
 
@@ -473,20 +481,20 @@ class PreemptionHandler:
 class RunCheckpointer:
     """The save/restore cycle of one `fit(checkpoint_dir=...)`.
 
-    The Trainer tells it where training is after every call
-    (`after_call`) and every epoch (`after_epoch`); it decides when to save,
-    writes atomically, keeps the newest `keep` (and the best by `keep_best`).
+    The Trainer asks it after every call (`due_after_call`) and every epoch
+    (`due_after_epoch`) whether to save, and hands it what to write
+    (`save`); it writes atomically and keeps the newest `keep` (and the best
+    by `keep_best`). `restore` finds and loads the newest good checkpoint.
     """
 
-    def __init__(self, trainer, directory, every="epoch", keep=3, keep_best=None,
-                 resume=True, overwrite=False, checkpoint_data="auto"):
+    def __init__(self, directory, every="epoch", keep=3, keep_best=None, resume=True,
+                 overwrite=False, checkpoint_data="auto"):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"`keep` must be an integer >= 1 (the newest checkpoints kept). "
                               f"Received: keep={keep!r}")
         if keep_best is not None and not isinstance(keep_best, str):
             raise ConfigError("`keep_best` must be None or the name of a logged metric, e.g. "
                               f"\"val_loss\". Received: keep_best={keep_best!r}")
-        self.trainer = trainer
         self.every = parse_every(every)
         self.folder = CheckpointFolder(directory, keep)
         self.keep_best = keep_best

@@ -287,6 +287,7 @@ class Trainer:
         self._resumer = None        # the save/resume cycle of a fit with checkpoint_dir
         self._last_checkpoint = None
         self._user_callbacks = []   # the callbacks of the running fit, as passed
+        self._run_state_object = None   # _run_state's checkpoint, made once
         # (global step, folder, seconds) of each save of the last fit with checkpoint_dir.
         self.checkpoint_saves = []
         self._plan_reason = None    # why that plan was chosen (the run that measured it)
@@ -420,7 +421,7 @@ class Trainer:
                 if checkpoint_dir is not None:
                     self._refuse_backup_and_restore(callbacks)
                     resumer = run_checkpoint.RunCheckpointer(
-                        self, checkpoint_dir, every=checkpoint_every, keep=keep,
+                        checkpoint_dir, every=checkpoint_every, keep=keep,
                         keep_best=keep_best, resume=resume, overwrite=overwrite,
                         checkpoint_data=checkpoint_data)
                     with resumer.preemption:
@@ -1046,6 +1047,10 @@ class Trainer:
         Dropout's draws), the metric accumulators of the running epoch, and
         the Task's generator.
         """
+        if self._run_state_object is not None:
+            # One object for every save of this trainer: TensorFlow keeps
+            # its save function on it (the first write of an object traces).
+            return self._run_state_object
         state = self.checkpoint
         metrics = [v for t in self._trackers.values() for v in t.variables]
         for model in self.task.models:
@@ -1054,6 +1059,7 @@ class Trainer:
             if isinstance(value, keras.metrics.Metric):
                 metrics.extend(value.variables)
         state.metrics = metrics
+        self._run_state_object = state
         return state
 
     def _read_run_state(self, prefix):

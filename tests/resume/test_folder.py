@@ -94,17 +94,17 @@ def test_when_a_save_is_due(tmp_path, monkeypatch):
 
     now = {"t": 1000.0}
     monkeypatch.setattr(run_checkpoint.time, "monotonic", lambda: now["t"])
-    by_steps = run_checkpoint.RunCheckpointer(None, tmp_path / "a", every=100)
+    by_steps = run_checkpoint.RunCheckpointer(tmp_path / "a", every=100)
     assert not by_steps.due_after_call(99)
     assert by_steps.due_after_call(100) and by_steps.due_after_call(130)
     by_steps._last_save_step = 130
     assert not by_steps.due_after_call(199) and by_steps.due_after_call(205)
-    by_time = run_checkpoint.RunCheckpointer(None, tmp_path / "b", every="10min")
+    by_time = run_checkpoint.RunCheckpointer(tmp_path / "b", every="10min")
     now["t"] += 599
     assert not by_time.due_after_call(10**6)
     now["t"] += 1
     assert by_time.due_after_call(1)
-    by_epoch = run_checkpoint.RunCheckpointer(None, tmp_path / "c")
+    by_epoch = run_checkpoint.RunCheckpointer(tmp_path / "c")
     assert not by_epoch.due_after_call(10**6) and by_epoch.due_after_epoch()
     by_epoch.preemption.signal = 15   # SIGTERM arrived: save after this call
     assert by_epoch.due_after_call(1)
