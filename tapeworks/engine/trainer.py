@@ -1095,11 +1095,13 @@ class Trainer:
                  "than the uninterrupted run would have. Fix: Trainer(seed=...) as in the run "
                  "that saved it.", CorrectnessWarning)
         planner = point.run.get("planner")
-        if planner:
-            # Over a plan-cache choice too: the checkpoint's is what the run was running.
+        if planner and (self._jit_setting == "auto" or self._steps_setting == "auto"):
+            # Over a plan-cache choice too: the checkpoint's is what the run was
+            # running. A setting the caller fixed stays as given.
             self._planner.adopt(autotune.Choice(
-                planner[0], planner[1], "kept by the checkpoint, so the resumed run runs "
-                "the same compiled step"))
+                planner[0] if self._jit_setting == "auto" else self._jit_setting,
+                planner[1] if self._steps_setting == "auto" else self._steps_setting,
+                "kept by the checkpoint, so the resumed run runs the same compiled step"))
         message = f"tapeworks: {point.describe()}"
         if verbose:
             print(message)

@@ -299,3 +299,35 @@ def test_the_end_of_the_last_epoch_is_not_run_twice(tmp_path):
                   callbacks=[keras.callbacks.CSVLogger(str(log), append=True)])
     rows = [line for line in open(log).read().splitlines() if line and line[0].isdigit()]
     assert [r.split(",")[0] for r in rows] == ["0", "1"]
+
+
+def test_a_resumed_auto_run_keeps_the_saved_choice_and_a_fixed_setting_stays_fixed(tmp_path):
+    x, y = data(96)   # 6 steps an epoch: steps per call are capped at half an epoch
+    first = trainer()
+    first.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
+    run = json.load(open(tmp_path / "ckpt-000000000006" / "run.json"))
+    run["planner"] = [False, 2]   # as if "auto" had chosen 2 steps per call
+    with open(tmp_path / "ckpt-000000000006" / "run.json", "w") as f:
+        json.dump(run, f)
+    import tapeworks.engine.run_checkpoint as rc
+    folder = rc.CheckpointFolder(tmp_path)
+    manifest = json.load(open(tmp_path / "ckpt-000000000006" / "MANIFEST.json"))
+    manifest["files"]["run.json"] = {"bytes": os.path.getsize(
+        tmp_path / "ckpt-000000000006" / "run.json"), "crc32": rc._crc32(
+        tmp_path / "ckpt-000000000006" / "run.json")}
+    with open(tmp_path / "ckpt-000000000006" / "MANIFEST.json", "w") as f:
+        json.dump(manifest, f)
+    assert folder.verify(str(tmp_path / "ckpt-000000000006")) is None
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dropout(0.3), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(1e-2),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    auto = tapeworks.Trainer(model, seed=1, plan_cache=False)
+    auto.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
+    assert (auto.jit_compile, auto.steps_per_call) == (False, 2)
+    assert "kept by the checkpoint" in auto.tuning["reason"]
+    fixed = trainer()   # jit_compile=False, steps_per_call=1 given
+    fixed.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
+    assert (fixed.jit_compile, fixed.steps_per_call) == (False, 1)
