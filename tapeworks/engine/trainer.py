@@ -402,8 +402,8 @@ class Trainer:
             keep_best: also keep the best checkpoint by this logged metric
                 (e.g. "val_loss"; accuracy-like names are maximised, as in
                 Keras); saves at every epoch end.
-            resume: False starts fresh; a folder with checkpoints is then
-                refused unless `overwrite=True` (which deletes them).
+            resume: False starts fresh; a non-empty folder is then refused
+                unless `overwrite=True` (which deletes its checkpoints).
             checkpoint_data: "auto" (arrays are replayed from the run's seed,
                 tf.data pipelines saved with tf.data's iterator checkpointing)
                 or "skip" (re-create the data and skip the batches already
