@@ -24,13 +24,15 @@ def data(n=48):
 
 
 def trainer(**options):
+    """The tests' trainer: a Dropout MLP, seed 1, tf.function one step per call unless told."""
+    options = dict(dict(seed=1, jit_compile=False, steps_per_call=1), **options)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                               keras.layers.Dropout(0.3), keras.layers.Dense(2)])
     model.compile(keras.optimizers.Adam(1e-2),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    return tapeworks.Trainer(model, seed=1, jit_compile=False, steps_per_call=1, **options)
+    return tapeworks.Trainer(model, **options)
 
 
 def weights(t):
@@ -269,11 +271,7 @@ def test_resuming_on_other_data_or_another_seed_is_told(tmp_path):
     with pytest.raises(tapeworks.DataSpecError, match="4 batches into a pass.*ends after 3"):
         trainer().fit(x[:48], y[:48], batch_size=16, epochs=2, verbose=0,
                       checkpoint_dir=str(tmp_path))
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dropout(0.3), keras.layers.Dense(2)])
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    other_seed = tapeworks.Trainer(model, seed=2, jit_compile=False, steps_per_call=1)
+    other_seed = trainer(seed=2)
     with pytest.warns(CorrectnessWarning, match="shuffled with seed 1, this trainer with 2"):
         other_seed.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
 
@@ -318,13 +316,7 @@ def test_a_resumed_auto_run_keeps_the_saved_choice_and_a_fixed_setting_stays_fix
     with open(tmp_path / "ckpt-000000000006" / "MANIFEST.json", "w") as f:
         json.dump(manifest, f)
     assert folder.verify(str(tmp_path / "ckpt-000000000006")) is None
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dropout(0.3), keras.layers.Dense(2)])
-    model.compile(keras.optimizers.Adam(1e-2),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    auto = tapeworks.Trainer(model, seed=1, plan_cache=False)
+    auto = trainer(jit_compile="auto", steps_per_call="auto", plan_cache=False)
     auto.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
     assert (auto.jit_compile, auto.steps_per_call) == (False, 2)
     assert "kept by the checkpoint" in auto.tuning["reason"]
