@@ -122,3 +122,22 @@ def test_a_step_saved_again_replaces_the_old_save_only_once_the_new_one_is_in_pl
     folder.remove_partials()
     assert sorted(os.listdir(tmp_path)) == ["ckpt-000000000006"]
     assert folder.verify(path) is None
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(keep=0), "`keep` must be an integer >= 1"),
+    (dict(keep_best=3), "`keep_best` must be None or the name of a logged metric"),
+])
+def test_bad_retention_options_are_refused(tmp_path, options, message):
+    from tapeworks.engine import run_checkpoint
+
+    with pytest.raises(ConfigError, match=message):
+        run_checkpoint.RunCheckpointer(tmp_path, **options)
+    assert not os.path.exists(tmp_path / "ckpt-000000000001")
+
+
+def test_bad_checkpoint_data_is_refused():
+    from tapeworks.engine import run_checkpoint
+
+    with pytest.raises(ConfigError, match='`checkpoint_data` must be "auto" or "skip"'):
+        run_checkpoint.data_mode(None, "sometimes")
