@@ -260,7 +260,8 @@ class EpochBatches:
                         raise DataSpecError(
                             f"The checkpoint was saved {drawn} batches into a pass over the "
                             f"training data; this data ends after {index}. Expected the data "
-                            "of the run that saved it (same arrays, batch size and seed). "
+                            "of the run that saved it (same arrays, batch size and seed); "
+                            "nothing was trained and the model is as it was before fit. "
                             "Fix: pass that data, or start over with resume=False, "
                             "overwrite=True.")
                 else:
@@ -271,7 +272,8 @@ class EpochBatches:
                         raise DataSpecError(
                             "The data position in the checkpoint does not fit this pipeline "
                             f"({type(error).__name__}: {str(error)[:200]}). Expected the "
-                            "pipeline of the run that saved it. Fix: build the same pipeline, "
+                            "pipeline of the run that saved it; nothing was trained and the "
+                            "model is as it was before fit. Fix: build the same pipeline, "
                             "or start over with resume=False, overwrite=True.") from None
                 self.passes, self._used = passes, drawn
                 if mid_pass:

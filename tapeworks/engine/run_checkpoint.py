@@ -35,6 +35,7 @@ holds the non-TensorFlow state: hence this folder format, with
 `tf.train.Checkpoint.write` for the TensorFlow part.
 """
 
+import concurrent.futures
 import dataclasses
 import datetime
 import json
@@ -224,10 +225,15 @@ class CheckpointFolder:
                 os.remove(os.path.join(self.path, name))
 
     def save(self, step, write_files):
-        """Writes a checkpoint atomically; returns its folder.
+        """Writes a checkpoint atomically; returns its folder (`write`, then `publish`)."""
+        return self.publish(*self.write(step, write_files))
 
-        `write_files(folder)` writes the content; then the manifest is written
-        and the folder renamed into place.
+    def write(self, step, write_files):
+        """The part of a save that must see the state as it is now: the files.
+
+        `write_files(folder)` writes the content into a partial folder; returns
+        (partial, final) for `publish`. Until it is published, a kill leaves a
+        partial folder that the next start removes.
         """
         os.makedirs(self.path, exist_ok=True)
         final = os.path.join(self.path, f"{PREFIX}{step:012d}")
@@ -235,6 +241,16 @@ class CheckpointFolder:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
         write_files(partial)
+        return partial, final
+
+    def publish(self, partial, final):
+        """Makes a written checkpoint durable and complete; returns its folder.
+
+        Syncs every file, writes the manifest (sizes and CRC-32) last, and
+        renames the folder into place. Reads only files that are complete
+        already, so it may run while training goes on (`RunCheckpointer`'s
+        asynchronous saves).
+        """
         files = {}
         for root, _, names in os.walk(partial):
             for name in names:
@@ -478,6 +494,16 @@ class PreemptionHandler:
                        signal.Signals(number).name)
 
 
+@dataclasses.dataclass
+class SaveRecord:
+    """One save of a fit (`Trainer.checkpoint_saves`)."""
+
+    step: int
+    folder: str
+    seconds: float                 # how long the training waited for it
+    publish_seconds: float = None  # syncing, checksums, rename, retention (background when async)
+
+
 class RunCheckpointer:
     """The save/restore cycle of one `fit(checkpoint_dir=...)`.
 
@@ -488,7 +514,7 @@ class RunCheckpointer:
     """
 
     def __init__(self, directory, every="epoch", keep=3, keep_best=None, resume=True,
-                 overwrite=False, checkpoint_data="auto"):
+                 overwrite=False, checkpoint_data="auto", asynchronous=True):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"`keep` must be an integer >= 1 (the newest checkpoints kept). "
                               f"Received: keep={keep!r}")
@@ -509,6 +535,15 @@ class RunCheckpointer:
         self.save_at_epoch_end = False   # a save due on an epoch's last step, made at its end
         self._told_missing = False
         self.saves = 0
+        # Asynchronous saves: the files are written while the training
+        # waits (they must hold the state as it is now); syncing, checksums,
+        # the manifest, the rename and retention run on one background
+        # thread while training goes on. One save in flight at a time: the
+        # next save, the end of fit and a preemption exit wait for it.
+        self.asynchronous = bool(asynchronous)
+        self._publisher = None
+        self._pending = None          # (SaveRecord, Future) of the save being published
+        self.records = []             # a SaveRecord per save of this fit
         if not self.resume and not self.folder.is_empty():
             if not overwrite:
                 raise ConfigError(
@@ -599,7 +634,12 @@ class RunCheckpointer:
         return self.every.epoch or self.keep_best is not None
 
     def save(self, step, position, write_state, write_data, callbacks, logs=None):
-        """Writes one checkpoint at global step `step`; returns its folder."""
+        """Writes one checkpoint at global step `step`; returns its folder.
+
+        With `asynchronous`, the folder is complete (published) once `wait`
+        returns; until then a kill leaves the previous checkpoints as they were.
+        """
+        self.wait()
         start = time.perf_counter()
         states, arrays = callbacks_state(callbacks)
         best_value = None
@@ -625,18 +665,66 @@ class RunCheckpointer:
                 run["monitored"] = {self.keep_best: best_value}
             _write_json(os.path.join(folder, RUN), run)
 
-        folder = self.folder.save(step, write_files)
+        partial, final = self.folder.write(step, write_files)
         if best_value is not None and (self._best is None or _better(
                 self.keep_best, best_value, self._best[0])):
-            self._best = (best_value, folder)
-        self.folder.retain(best=self._best[1] if self._best else None)
+            self._best = (best_value, final)
+        best = self._best[1] if self._best else None
+        record = SaveRecord(step, final, 0.0)
+
+        def publish():
+            published = time.perf_counter()
+            self.folder.publish(partial, final)
+            self.folder.retain(best=best)
+            record.publish_seconds = time.perf_counter() - published
+            logger.info("saved %s", final)
+
+        if self.asynchronous:
+            if self._publisher is None:
+                self._publisher = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="tapeworks-checkpoint")
+            self._pending = (record, self._publisher.submit(publish))
+        else:
+            publish()
+        record.seconds = time.perf_counter() - start
+        self.records.append(record)
         self._last_save_step = step
         self.save_at_epoch_end = False
         self.last_position = (position["epoch"], position["steps_in_epoch"])
         self._last_save_time = time.monotonic()
         self.saves += 1
-        logger.info("saved %s in %.2f s", folder, time.perf_counter() - start)
-        return folder
+        return final
+
+    def wait(self):
+        """Waits until the save in flight is complete; raises `CheckpointError` if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        record, future = pending
+        try:
+            future.result()
+        except Exception as error:
+            raise CheckpointError(
+                f"The checkpoint of step {record.step} ({record.folder}) could not be completed "
+                f"({type(error).__name__}: {error}). Expected a writable checkpoint_dir with "
+                "free space. The checkpoints before it are intact and the model is as trained. "
+                "Fix: free space or fix the folder's permissions, then run the same command "
+                "again to resume from the last complete checkpoint.") from error
+
+    def close(self, raise_errors=True):
+        """At the end of fit: the last save is complete; the background thread ends."""
+        try:
+            if raise_errors:
+                self.wait()
+            else:
+                try:
+                    self.wait()
+                except CheckpointError as error:
+                    logger.error("%s", error)
+        finally:
+            if self._publisher is not None:
+                self._publisher.shutdown(wait=True)
+                self._publisher = None
 
     def read_callbacks(self, point):
         path = os.path.join(point.folder, "callbacks.npz")

@@ -100,10 +100,11 @@ def test_kill_on_the_last_batch_of_an_epoch_and_mid_epoch_of_an_augmented_pipeli
                                 [{"kill_at_step": STEPS_PER_EPOCH}, {"kill_at_step": 9}])
 
 
-def test_kill_during_a_save_and_a_gan_drawing_noise(tmp_path):
+def test_kill_during_a_save_its_publication_and_a_gan_drawing_noise(tmp_path):
     check_same_as_uninterrupted(tmp_path, {"epochs": 3, "model": "gan", "every": 4},
-                                [{"kill_in_save": 2}, {"kill_at_step": 13}])
-    # The interrupted save left a partial folder; the restart removed it.
+                                [{"kill_in_save": 2}, {"kill_in_publish": 3},
+                                 {"kill_at_step": 13}])
+    # The interrupted saves left partial folders; the restarts removed them.
     names = os.listdir(tmp_path / "killed-ckpt")
     assert not [n for n in names if ".partial" in n]
 

@@ -96,7 +96,9 @@ def test_resume_false_refuses_a_folder_with_checkpoints_unless_overwrite(tmp_pat
 def test_a_truncated_latest_falls_back_to_the_one_before_with_a_warning(tmp_path):
     x, y = data()
     trainer().fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(tmp_path))
-    latest = tmp_path / "ckpt-000000000006" / "state.data-00000-of-00001"
+    # The largest data file (a traced write may shard the state in two).
+    latest = max((tmp_path / "ckpt-000000000006").glob("state.data-*"),
+                 key=os.path.getsize)
     with open(latest, "r+b") as f:
         f.truncate(os.path.getsize(latest) // 2)
     resumed = trainer()
@@ -268,9 +270,13 @@ def test_resuming_on_other_data_or_another_seed_is_told(tmp_path):
         if name != "ckpt-000000000004":
             import shutil
             shutil.rmtree(tmp_path / name)
+    fewer = trainer()
+    before = weights(fewer)
     with pytest.raises(tapeworks.DataSpecError, match="4 batches into a pass.*ends after 3"):
-        trainer().fit(x[:48], y[:48], batch_size=16, epochs=2, verbose=0,
-                      checkpoint_dir=str(tmp_path))
+        fewer.fit(x[:48], y[:48], batch_size=16, epochs=2, verbose=0,
+                  checkpoint_dir=str(tmp_path))
+    for a, b in zip(before, weights(fewer)):   # the restored weights were put back
+        np.testing.assert_array_equal(a, b)
     other_seed = trainer(seed=2)
     with pytest.warns(CorrectnessWarning, match="shuffled with seed 1, this trainer with 2"):
         other_seed.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
@@ -323,3 +329,89 @@ def test_a_resumed_auto_run_keeps_the_saved_choice_and_a_fixed_setting_stays_fix
     fixed = trainer()   # jit_compile=False, steps_per_call=1 given
     fixed.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
     assert (fixed.jit_compile, fixed.steps_per_call) == (False, 1)
+
+
+def test_a_saved_pipeline_position_that_does_not_fit_is_refused_and_changes_nothing(tmp_path):
+    x, y = data(96)
+
+    def pipeline(extra_map=False):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=3)
+        if extra_map:
+            dataset = dataset.map(lambda a, b: (a * 2.0, b))
+        return dataset.batch(16)
+
+    trainer().fit(pipeline(), epochs=1, verbose=0, checkpoint_dir=str(tmp_path),
+                  checkpoint_every=4)
+    for name in saves(tmp_path):   # keep the mid-epoch save: an iterator position
+        if name != "ckpt-000000000004":
+            import shutil
+            shutil.rmtree(tmp_path / name)
+    other = trainer()
+    before = weights(other)
+    with pytest.raises(tapeworks.DataSpecError,
+                       match="data position in the checkpoint does not fit this pipeline"):
+        other.fit(pipeline(extra_map=True), epochs=2, verbose=0, checkpoint_dir=str(tmp_path))
+    for a, b in zip(before, weights(other)):
+        np.testing.assert_array_equal(a, b)
+    assert int(other.counters.step) == 0
+    # The same pipeline resumes from that position.
+    same = trainer()
+    same.fit(pipeline(), epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
+    assert int(same.counters.step) == 6
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_asynchronous_and_synchronous_saves_hold_the_same_state(tmp_path, asynchronous):
+    x, y = data(96)
+    folder = tmp_path / str(asynchronous)
+    t = trainer()
+    t.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(folder),
+          checkpoint_every=2, keep=10, checkpoint_async=asynchronous)
+    # fit returns once every save is complete: six saves, none left partial.
+    assert saves(folder) == [f"ckpt-{s:012d}" for s in (2, 4, 6, 8, 10, 12)]
+    assert [r.step for r in t.checkpoint_saves] == [2, 4, 6, 8, 10, 12]
+    assert all(r.publish_seconds is not None for r in t.checkpoint_saves)
+    # Each save holds the state at its step: the last one equals the
+    # trainer now, and a resumed copy trains on exactly as the original.
+    reader = tf.train.load_checkpoint(str(folder / "ckpt-000000000012" / "state"))
+    saved = {name: reader.get_tensor(name) for name, _ in
+             tf.train.list_variables(str(folder / "ckpt-000000000012" / "state"))
+             if "_trainable_variables" in name}
+    assert len(saved) == len(t.model.trainable_weights)
+    for w in t.model.trainable_weights:
+        assert any(np.array_equal(np.asarray(w), v) for v in saved.values())
+    # A mid-run save restores the trainer to that step, then trains on equal.
+    resumed = trainer()
+    import shutil
+    for name in saves(folder):
+        if name != "ckpt-000000000008":
+            shutil.rmtree(folder / name)
+    resumed.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(folder))
+    for a, b in zip(weights(t), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_save_that_cannot_be_completed_in_the_background_is_an_error(tmp_path, monkeypatch):
+    from tapeworks.engine import run_checkpoint
+    x, y = data()
+    t = trainer()
+    t.fit(x, y, batch_size=16, epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
+    kept = saves(tmp_path)
+    publish = run_checkpoint.CheckpointFolder.publish
+
+    def disk_full(self, partial, final):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_checkpoint.CheckpointFolder, "publish", disk_full)
+    with pytest.raises(CheckpointError, match=r"step 6 .*could not be completed.*No space left"
+                                              r".*checkpoints before it are intact"):
+        t.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(tmp_path))
+    monkeypatch.setattr(run_checkpoint.CheckpointFolder, "publish", publish)
+    # The earlier checkpoint is as it was; the unpublished one stays partial.
+    assert [n for n in saves(tmp_path) if ".partial" not in n] == kept
+    assert int(t.counters.step) == 6  # the model is as trained
+    # The next start removes the unpublished folder and resumes from step 3.
+    again = trainer()
+    again.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(tmp_path))
+    assert not [n for n in os.listdir(tmp_path) if ".partial" in n]
+    assert int(again.counters.step) == 6

@@ -7,7 +7,9 @@ to `spec["result"]` (.npz). Fault injection, for the kill tests:
 `kill_at_step` sends this process SIGKILL after the call that reaches that
 global step;
 `kill_in_save` SIGKILLs it in the middle of the n-th save (after the
-TensorFlow files are written, before the manifest).
+TensorFlow files are written, before the manifest); `kill_in_publish` in
+the n-th save's background publication (manifest written, folder not yet
+renamed).
 """
 
 import json
@@ -113,9 +115,9 @@ def main(spec):
 
     if spec.get("kill_in_save"):
         saves = {"n": 0}
-        original = run_checkpoint.CheckpointFolder.save
+        original = run_checkpoint.CheckpointFolder.write
 
-        def save(self, step, write_files):
+        def write(self, step, write_files):
             def write_then_die(folder):
                 write_files(folder)
                 saves["n"] += 1
@@ -123,7 +125,26 @@ def main(spec):
                     os.kill(os.getpid(), signal.SIGKILL)
             return original(self, step, write_then_die)
 
-        run_checkpoint.CheckpointFolder.save = save
+        run_checkpoint.CheckpointFolder.write = write
+
+    if spec.get("kill_in_publish"):
+        # On the background thread of an asynchronous save: the manifest is
+        # written and synced, the folder not yet renamed into place.
+        published = {"n": 0}
+        original_publish = run_checkpoint.CheckpointFolder.publish
+        original_sync = run_checkpoint._fsync_folder
+
+        def publish(self, partial, final):
+            published["n"] += 1
+            return original_publish(self, partial, final)
+
+        def sync_or_die(path):
+            if published["n"] == spec["kill_in_publish"] and ".partial-" in path:
+                os.kill(os.getpid(), signal.SIGKILL)
+            original_sync(path)
+
+        run_checkpoint.CheckpointFolder.publish = publish
+        run_checkpoint._fsync_folder = sync_or_die
 
     callbacks = [Record()]
     if spec.get("early_stopping"):
