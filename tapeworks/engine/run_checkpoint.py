@@ -33,6 +33,18 @@ index file, but its save is not atomic across files (the index can name a
 checkpoint whose data file a kill truncated) and it neither checksums nor
 holds the non-TensorFlow state: hence this folder format, with
 `tf.train.Checkpoint.write` for the TensorFlow part.
+
+Saves are asynchronous by default: the files are written while training
+waits (they must hold the state of this step), and the rest (fsync,
+checksums, manifest, rename, retention) runs on one background thread.
+TensorFlow's own asynchronous checkpointing
+(`CheckpointOptions(experimental_enable_async_checkpoint=True)`) would also
+move the write off the training thread, but with Keras 3 variables its second
+save fails (Keras' `Variable._copy_trackable_to_cpu` creates a new
+`tf.Variable` inside TensorFlow's copy `tf.function`: "tf.function only
+supports singleton tf.Variables created on the first call"; TensorFlow 2.21,
+Keras 3.15), so the write stays on the training thread, traced once so that
+it costs the reads and one SaveV2 (`Trainer._write_run_state`).
 """
 
 import concurrent.futures
@@ -348,7 +360,8 @@ def callbacks_state(callbacks):
         weights = getattr(callback, "best_weights", None) if name == "EarlyStopping" else None
         if weights is not None:
             for i, w in enumerate(weights):
-                arrays[f"{index}/{i}"] = np.asarray(w)
+                # A copy: written on the background thread while training goes on.
+                arrays[f"{index}/{i}"] = np.array(w)
             fields["best_weights"] = len(weights)
         states.append({"class": name, "fields": fields})
     return states, arrays
@@ -653,16 +666,21 @@ class RunCheckpointer:
                      "one of those names (validation values appear after the first "
                      "validation).", CorrectnessWarning)
 
+        run = dict(position, format=FORMAT, step=step, callbacks=states,
+                   saved_at=datetime.datetime.now().isoformat(timespec="seconds"))
+        if best_value is not None:
+            run["monitored"] = {self.keep_best: best_value}
+
         def write_files(folder):
+            # What changes as training goes on: written now.
             write_state(os.path.join(folder, "state"))
             if position["data"] == "iterator":
                 write_data(os.path.join(folder, "data"))
+
+        def write_rest(folder):
+            # Held in memory already (the callbacks' arrays are copies).
             if arrays:
                 np.savez(os.path.join(folder, "callbacks.npz"), **arrays)
-            run = dict(position, format=FORMAT, step=step, callbacks=states,
-                       saved_at=datetime.datetime.now().isoformat(timespec="seconds"))
-            if best_value is not None:
-                run["monitored"] = {self.keep_best: best_value}
             _write_json(os.path.join(folder, RUN), run)
 
         partial, final = self.folder.write(step, write_files)
@@ -674,6 +692,7 @@ class RunCheckpointer:
 
         def publish():
             published = time.perf_counter()
+            write_rest(partial)
             self.folder.publish(partial, final)
             self.folder.retain(best=best)
             record.publish_seconds = time.perf_counter() - published
