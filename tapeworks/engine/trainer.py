@@ -105,9 +105,11 @@ class Trainer:
             sub-model called with `training=False` is meant (otherwise a
             warning names it once: the usual intent is a frozen extractor).
         dead_gradient_steps: warn, naming them and the likely cause, about
-            trainable variables whose gradient has been exactly zero for this
-            many consecutive steps (a dead ReLU, a round/argmax/int cast on
-            the path, a helper left trainable). None turns the check off.
+            trainable variables whose gradient has been exactly zero for at
+            least this many consecutive steps (a dead ReLU, a round/argmax/int
+            cast on the path, a helper left trainable): checked once this
+            many steps have run since the last check, at the end of a call.
+            None turns the check off.
         monitor_every: every this many steps, compute each layer's gradient
             norm, weight norm and update/weight ratio in the graph (on a
             variant of the step run for that one step; the other steps are
@@ -241,7 +243,7 @@ class Trainer:
         self._dead = []               # one DeadGradients per update, created in _build
         # Kept across fits: consecutive steps are consecutive in an
         # epoch-by-epoch fit loop too, and each variable is named once.
-        self._dead_unchecked = 0      # steps run since the host last read the counts
+        self._dead_unchecked = 0      # steps run since the host last read the sums
         self._dead_reported = set()
         self._inference_calls_checked = False
         self.accumulate = accumulate
@@ -870,19 +872,18 @@ class Trainer:
         return self._monitor_report.history
 
     def _check_dead_gradients(self, steps_run):
-        """Every `dead_gradient_steps` steps: one read of the counts, a warning for new dead ones."""
+        """Once `dead_gradient_steps` steps have run: one read of the sums, a warning for new dead ones."""
         if not self._dead:
             return
         self._dead_unchecked += steps_run
         if self._dead_unchecked < self.dead_gradient_steps:
             return
-        self._dead_unchecked = 0
+        window, self._dead_unchecked = self._dead_unchecked, 0
         found = [v for dead in self._dead for v in dead.dead()
                  if id(v) not in self._dead_reported]
         if found:
             self._dead_reported.update(id(v) for v in found)
-            warn(gradient_health.dead_message(found, self.dead_gradient_steps,
-                                              self._layer_owners()),
+            warn(gradient_health.dead_message(found, window, self._layer_owners()),
                  CorrectnessWarning)
 
     def _warn_nonfinite(self):

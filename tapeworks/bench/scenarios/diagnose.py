@@ -11,7 +11,9 @@ and all in the mode "auto" picked without them (the cost alone). Targets: the
 checks at most 2%, the monitor at most 5% more. One more fixed-mode approach
 has no check but makes every update wait for all of the step's gradients, as
 withholding a bad step's update must: the part of the checks' cost that is
-that ordering rather than the checking.
+that ordering rather than the checking; two more have each of the defaults'
+checks alone (the non-finite check with nothing withheld, "warn"; the
+dead-gradient sums), so the withholding's share is the rest.
 """
 
 import keras
@@ -46,9 +48,13 @@ UNCHECKED = "no checks"
 CHECKED = "defaults (raise + dead gradients)"
 MONITORED = "defaults + monitor_every=100"
 GATED = "no checks, each update waits for every gradient"
+WARNED = "the non-finite check alone, nothing withheld (on_nonfinite=\"warn\")"
+DEAD = "the dead-gradient sums alone (on_nonfinite=None)"
 CHECKS = {"none": dict(on_nonfinite=None, dead_gradient_steps=None),
           "defaults": {},
-          "monitored": dict(monitor_every=MONITOR_EVERY)}
+          "monitored": dict(monitor_every=MONITOR_EVERY),
+          "warned": dict(on_nonfinite="warn", dead_gradient_steps=None),
+          "dead": dict(on_nonfinite=None)}
 
 
 def run(quick=False, repeats=5):
@@ -82,19 +88,24 @@ def run(quick=False, repeats=5):
         fixed = f" [fixed {mode['jit_compile']}/{mode['steps_per_call']}]"
         names = {"base": UNCHECKED + " [auto]", "checked": CHECKED + " [auto]",
                  "base_fixed": UNCHECKED + fixed, "checked_fixed": CHECKED + fixed,
-                 "monitored_fixed": MONITORED + fixed, "gated_fixed": GATED + fixed}
+                 "monitored_fixed": MONITORED + fixed, "gated_fixed": GATED + fixed,
+                 "warned_fixed": WARNED + fixed, "dead_fixed": DEAD + fixed}
         results = alternate([trained("none", names["base"], False),
                              trained("defaults", names["checked"], False),
                              trained("none", names["base_fixed"], True),
                              trained("defaults", names["checked_fixed"], True),
                              trained("monitored", names["monitored_fixed"], True),
-                             trained("gated", names["gated_fixed"], True)], repeats)
+                             trained("gated", names["gated_fixed"], True),
+                             trained("warned", names["warned_fixed"], True),
+                             trained("dead", names["dead_fixed"], True)], repeats)
         # The monitor against the defaults it adds to; the checks against none.
         baseline = {names["base"]: names["base"], names["checked"]: names["base"],
                     names["base_fixed"]: names["base_fixed"],
                     names["checked_fixed"]: names["base_fixed"],
                     names["monitored_fixed"]: names["checked_fixed"],
-                    names["gated_fixed"]: names["base_fixed"]}
+                    names["gated_fixed"]: names["base_fixed"],
+                    names["warned_fixed"]: names["base_fixed"],
+                    names["dead_fixed"]: names["base_fixed"]}
         for name, result in results.items():
             base = results[baseline[name]]["samples_per_s"]
             rows.append({"model": size.name, "approach": name,
@@ -114,6 +125,9 @@ def run(quick=False, repeats=5):
                   "ordering": "'" + GATED + "': no check, but every update waits for all "
                               "of the step's gradients (a StepHooks control dependency): the "
                               "part of the checks' cost that is ordering, not checking",
+                  "parts": "'" + WARNED + "' and '" + DEAD + "': the defaults' two checks "
+                           "each alone; the rest of the defaults' cost is withholding a bad "
+                           "step's update (a tf.cond on the step's verdict)",
                   "modes": "[auto]: each trainer settles by itself (the checks' cost is part of "
                            "what auto measures); [fixed J/N]: all in the mode auto settled "
                            "on without the checks"},
