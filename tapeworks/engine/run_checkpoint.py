@@ -34,9 +34,12 @@ checkpoint whose data file a kill truncated) and it neither checksums nor
 holds the non-TensorFlow state: hence this folder format, with
 `tf.train.Checkpoint.write` for the TensorFlow part.
 
-Saves are asynchronous by default: the files are written while training
-waits (they must hold the state of this step), and the rest (fsync,
-checksums, manifest, rename, retention) runs on one background thread.
+Saves can be asynchronous (`fit(checkpoint_async=True)`): the files are
+written while training waits (they must hold the state of this step), and
+the rest (fsync, checksums, manifest, rename, retention) runs on one
+background thread. Not the default: on this project's 2-core machine it was
+no faster (`tapeworks bench checkpoint`), the background thread taking the
+cores training uses; it pays where syncing waits on a slow disk.
 TensorFlow's own asynchronous checkpointing
 (`CheckpointOptions(experimental_enable_async_checkpoint=True)`) would also
 move the write off the training thread, but with Keras 3 variables its second
@@ -527,7 +530,7 @@ class RunCheckpointer:
     """
 
     def __init__(self, directory, every="epoch", keep=3, keep_best=None, resume=True,
-                 overwrite=False, checkpoint_data="auto", asynchronous=True):
+                 overwrite=False, checkpoint_data="auto", asynchronous=False):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"`keep` must be an integer >= 1 (the newest checkpoints kept). "
                               f"Received: keep={keep!r}")

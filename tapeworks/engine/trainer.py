@@ -358,7 +358,7 @@ class Trainer:
             sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
             validation_batch_size=None, validation_freq=1, *, checkpoint_dir=None,
             checkpoint_every="epoch", keep=3, keep_best=None, resume=True, overwrite=False,
-            checkpoint_data="auto", checkpoint_async=True):
+            checkpoint_data="auto", checkpoint_async=False):
         """Trains the model; Keras' `Model.fit` signature and semantics, argument for argument.
 
         Args:
@@ -414,11 +414,13 @@ class Trainer:
                 or "skip" (re-create the data and skip the batches already
                 trained this epoch: for generators, PyDatasets and pipelines
                 tf.data cannot save; exact only for data in a fixed order).
-            checkpoint_async: True (the default) writes a save's files while
-                training waits, then syncs, checksums and renames them into
-                place on a background thread while training goes on; fit
-                returns once the last save is complete. False does all of it
-                while training waits.
+            checkpoint_async: False (the default) saves while training
+                waits. True writes a save's files while training waits, then
+                syncs, checksums and renames them into place on a background
+                thread while training goes on (fit returns once the last save
+                is complete): for disks where syncing is slow. On this
+                project's 2-core machine it was no faster (`tapeworks bench
+                checkpoint`): the background work takes the same cores.
 
         Returns:
             The `keras.callbacks.History` of the run.

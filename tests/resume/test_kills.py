@@ -101,7 +101,9 @@ def test_kill_on_the_last_batch_of_an_epoch_and_mid_epoch_of_an_augmented_pipeli
 
 
 def test_kill_during_a_save_its_publication_and_a_gan_drawing_noise(tmp_path):
-    check_same_as_uninterrupted(tmp_path, {"epochs": 3, "model": "gan", "every": 4},
+    # Asynchronous saves: the publication runs on its background thread.
+    check_same_as_uninterrupted(tmp_path, {"epochs": 3, "model": "gan", "every": 4,
+                                           "async": True},
                                 [{"kill_in_save": 2}, {"kill_in_publish": 3},
                                  {"kill_at_step": 13}])
     # The interrupted saves left partial folders; the restarts removed them.

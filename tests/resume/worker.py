@@ -152,7 +152,8 @@ def main(spec):
                                                        restore_best_weights=True))
     history = trainer.fit(*data, epochs=spec["epochs"], verbose=0, callbacks=callbacks,
                           checkpoint_dir=spec["dir"],
-                          checkpoint_every=spec.get("every", 5), **data_options)
+                          checkpoint_every=spec.get("every", 5),
+                          checkpoint_async=spec.get("async", False), **data_options)
     arrays = {f"w{i}_{j}": np.asarray(w) for i, m in enumerate(models)
               for j, w in enumerate(m.get_weights())}
     for i, update in enumerate(trainer.task.updates):
