@@ -201,6 +201,13 @@ def _cache(args):
     return 0
 
 
+def _launch(args):
+    # No TensorFlow here: the workers import it, the launcher only starts them.
+    from tapeworks import launch
+
+    return launch.main(args)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="tapeworks",
@@ -284,6 +291,24 @@ def build_parser():
                                           "(trainer, data).")
     explain.add_arguments(explain_verb)
     explain_verb.set_defaults(run=_explain)
+
+    launch = verbs.add_parser(
+        "launch", help="run N local workers of a multi-worker script, each with its TF_CONFIG",
+        description="Start the command N times on this machine, worker i with a TF_CONFIG "
+                    "naming N free loopback ports and index i (what "
+                    "tf.distribute.MultiWorkerMirroredStrategy reads), stream their output "
+                    "with a [worker i] prefix, pass SIGTERM/SIGINT on to all, and stop them "
+                    "all when one fails (exit status: that worker's). For development and "
+                    "tests; on a cluster its scheduler sets TF_CONFIG.",
+        usage="tapeworks launch [-h] --workers N [--grace SECONDS] [--] command ...")
+    launch.add_argument("--workers", type=int, required=True, metavar="N",
+                        help="how many worker processes")
+    launch.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
+                        help="after a failure, seconds the others get to exit on SIGTERM "
+                             "before SIGKILL (default: %(default)s)")
+    launch.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command each worker runs, e.g. python train.py")
+    launch.set_defaults(run=_launch)
     return parser
 
 
