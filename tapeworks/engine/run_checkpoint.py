@@ -707,7 +707,10 @@ class RunCheckpointer:
                     max_workers=1, thread_name_prefix="tapeworks-checkpoint")
             self._pending = (record, self._publisher.submit(publish))
         else:
-            publish()
+            try:
+                publish()
+            except OSError as error:
+                raise _unfinished(record, error) from error
         record.seconds = time.perf_counter() - start
         self.records.append(record)
         self._last_save_step = step
@@ -726,12 +729,7 @@ class RunCheckpointer:
         try:
             future.result()
         except Exception as error:
-            raise CheckpointError(
-                f"The checkpoint of step {record.step} ({record.folder}) could not be completed "
-                f"({type(error).__name__}: {error}). Expected a writable checkpoint_dir with "
-                "free space. The checkpoints before it are intact and the model is as trained. "
-                "Fix: free space or fix the folder's permissions, then run the same command "
-                "again to resume from the last complete checkpoint.") from error
+            raise _unfinished(record, error) from error
 
     def close(self, raise_errors=True):
         """At the end of fit: the last save is complete; the background thread ends."""
@@ -752,6 +750,15 @@ class RunCheckpointer:
         path = os.path.join(point.folder, "callbacks.npz")
         arrays = dict(np.load(path)) if os.path.exists(path) else {}
         return point.run.get("callbacks", []), arrays
+
+
+def _unfinished(record, error):
+    return CheckpointError(
+        f"The checkpoint of step {record.step} ({record.folder}) could not be completed "
+        f"({type(error).__name__}: {error}). Expected a writable checkpoint_dir with free "
+        "space. The checkpoints before it are intact and the model is as trained. Fix: free "
+        "space or fix the folder's permissions, then run the same command again to resume "
+        "from the last complete checkpoint.")
 
 
 def _better(name, new, old):

@@ -391,7 +391,9 @@ def test_asynchronous_and_synchronous_saves_hold_the_same_state(tmp_path, asynch
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_save_that_cannot_be_completed_in_the_background_is_an_error(tmp_path, monkeypatch):
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_save_that_cannot_be_completed_is_an_error_and_loses_nothing(tmp_path, monkeypatch,
+                                                                        asynchronous):
     from tapeworks.engine import run_checkpoint
     x, y = data()
     t = trainer()
@@ -405,7 +407,8 @@ def test_a_save_that_cannot_be_completed_in_the_background_is_an_error(tmp_path,
     monkeypatch.setattr(run_checkpoint.CheckpointFolder, "publish", disk_full)
     with pytest.raises(CheckpointError, match=r"step 6 .*could not be completed.*No space left"
                                               r".*checkpoints before it are intact"):
-        t.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(tmp_path))
+        t.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint_dir=str(tmp_path),
+              checkpoint_async=asynchronous)
     monkeypatch.setattr(run_checkpoint.CheckpointFolder, "publish", publish)
     # The earlier checkpoint is as it was; the unpublished one stays partial.
     assert [n for n in saves(tmp_path) if ".partial" not in n] == kept
