@@ -88,7 +88,9 @@ class Launcher:
 
     def _stream(self, index, stream):
         for line in iter(stream.readline, ""):
-            self._say(f"[worker {index}] {line if line.endswith(chr(10)) else line + chr(10)}")
+            if not line.endswith("\n"):
+                line += "\n"   # a last line without its newline
+            self._say(f"[worker {index}] {line}")
         stream.close()
 
     def start(self):

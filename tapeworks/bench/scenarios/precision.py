@@ -39,7 +39,7 @@ def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _approaches(build, shape, batch, steps):
+def _approaches(build, shape, batch, steps, quick=False):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * batch, *shape)).astype("float32")
     y = rng.integers(0, 10, steps * batch).astype("int32")
@@ -50,7 +50,10 @@ def _approaches(build, shape, batch, steps):
         trainer = Trainer(build(), keras.optimizers.Adam(1e-3), _loss(), precision=precision)
 
         def setup(trainer=trainer):
-            notes = settle_trainer(trainer, dataset)
+            # Short settling for the quick (test) run: there "auto" keeps XLA modes
+            # waiting (epochs too short to repay them), so settling would run to max_epochs.
+            notes = settle_trainer(trainer, dataset, long_fit_seconds=2.0 if quick else 20.0,
+                                   max_epochs=10 if quick else 60)
             return dict(notes, precision=trainer.precision.policy)
 
         out.append(Approach(f"tapeworks precision={precision}",
@@ -76,7 +79,7 @@ def run(quick=False, repeats=5):
                                                                   dtype=tf.bfloat16, repeats=3)}
     rows = []
     for name, build, shape, batch, steps in _models(quick):
-        results = alternate(_approaches(build, shape, batch, steps), repeats)
+        results = alternate(_approaches(build, shape, batch, steps, quick), repeats)
         float32 = results["tapeworks precision=float32"]["samples_per_s"]
         for approach, result in results.items():
             policy = result["notes"].get("precision") or approach.rsplit(" ", 1)[-1]
