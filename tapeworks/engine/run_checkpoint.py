@@ -550,7 +550,6 @@ class RunCheckpointer:
         self.last_position = None    # (epoch, steps into it) of the last save or restore
         self.save_at_epoch_end = False   # a save due on an epoch's last step, made at its end
         self._told_missing = False
-        self.saves = 0
         # Asynchronous saves: the files are written while the training
         # waits (they must hold the state as it is now); syncing, checksums,
         # the manifest, the rename and retention run on one background
@@ -559,7 +558,7 @@ class RunCheckpointer:
         self.asynchronous = bool(asynchronous)
         self._publisher = None
         self._pending = None          # (SaveRecord, Future) of the save being published
-        self.records = []             # a SaveRecord per save of this fit
+        self.records = []             # a SaveRecord per save of this fit (`saves` counts them)
         if not self.resume and not self.folder.is_empty():
             if not overwrite:
                 raise ConfigError(
@@ -717,8 +716,12 @@ class RunCheckpointer:
         self.save_at_epoch_end = False
         self.last_position = (position["epoch"], position["steps_in_epoch"])
         self._last_save_time = time.monotonic()
-        self.saves += 1
         return final
+
+    @property
+    def saves(self):
+        """How many saves this fit has made."""
+        return len(self.records)
 
     def wait(self):
         """Waits until the save in flight is complete; raises `CheckpointError` if it failed."""
@@ -734,13 +737,11 @@ class RunCheckpointer:
     def close(self, raise_errors=True):
         """At the end of fit: the last save is complete; the background thread ends."""
         try:
+            self.wait()
+        except CheckpointError as error:
             if raise_errors:
-                self.wait()
-            else:
-                try:
-                    self.wait()
-                except CheckpointError as error:
-                    logger.error("%s", error)
+                raise
+            logger.error("%s", error)
         finally:
             if self._publisher is not None:
                 self._publisher.shutdown(wait=True)
