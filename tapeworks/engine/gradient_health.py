@@ -66,9 +66,8 @@ class Untracked:
 class DeadGradients(tf.Module):
     """Gradient norms summed since the host last looked, per variable of one update."""
 
-    def __init__(self, variables, steps):
+    def __init__(self, variables):
         super().__init__(name="dead_gradients")
-        self.steps = steps
         # The model's variables, not this module's: held where tf.Module's
         # tracking does not look (checkpoints hold them once, with the model).
         self._held = Untracked(variables)
@@ -92,7 +91,8 @@ class DeadGradients(tf.Module):
     def dead(self):
         """On the host: the variables whose gradient was zero on every step since the last call.
 
-        Resets the sums: the caller asks once at least `steps` steps have run.
+        Resets the sums: the caller (`Trainer`) asks once at least
+        `dead_gradient_steps` steps have run.
         """
         sums = self.norm_sum.numpy()
         self.norm_sum.assign(tf.zeros_like(self.norm_sum))

@@ -1439,8 +1439,7 @@ class Trainer:
                 self._monitors = [monitor_lib.GradientMonitor(u.variables())
                                   for u in self.task.updates]
             if self.dead_gradient_steps:
-                self._dead = [gradient_health.DeadGradients(u.variables(),
-                                                            self.dead_gradient_steps)
+                self._dead = [gradient_health.DeadGradients(u.variables())
                               for u in self.task.updates]
             if self.capture_every:
                 if not self.task._capture_specs:
