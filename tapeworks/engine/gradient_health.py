@@ -9,8 +9,9 @@ and one pass over the gradient, the cost `reduce_sum` had.
 
 `DeadGradients` adds, per trainable variable, its gradient's norm into one
 float32 vector variable (a checkpoint holds it): two ops per update per
-step, whatever the model's size (a count of consecutive zero steps took six,
-measured at about 10% of the small bench MLP's graph step). The host reads
+step, whatever the model's size (a count of consecutive zero steps took six:
+12.7% of the small bench MLP's graph step against 5.5%, one-off runs; the kept
+`bench diagnose` run puts the sums at 0%). The host reads
 the sums once at least `k` steps have run since its last read (at a call
 boundary) and resets them: a variable whose sum is still exactly 0 had a
 zero gradient on every one of those steps. So a variable that stops
