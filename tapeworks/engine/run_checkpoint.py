@@ -12,7 +12,8 @@ uninterrupted run exactly (the conditions are in the README's "Resume"):
   states: Dropout and friends), the metric accumulators of the running epoch,
   and the Task's own generator (`Task.random`);
 - `data`: for a `tf.data` pipeline, its iterator (position, shuffle buffer,
-  random state: tf.data's own iterator checkpointing). Array inputs are
+  random state: tf.data's own iterator checkpointing, symbolic where it
+  applies, so buffers of prefetched batches are not written). Array inputs are
   not saved: their order is a function of the run's seed and the epoch, so
   the position (passes started, batches drawn) replays it exactly;
 - `run.json`: epoch, step and batches drawn in the epoch, the passes over the
@@ -425,21 +426,80 @@ def data_mode(prepared, checkpoint_data):
 def _unsaveable_op(dataset):
     """The first op whose state tf.data refuses to save ('PyFunc in map'), or None.
 
-    Asked of tf.data itself: an iterator that has drawn nothing is
-    serialized with the "fail" external-state policy.
+    Asked of tf.data itself, by serializing the pipeline's graph with the
+    "fail" external-state policy. Not by starting an iterator: every
+    iterator started over a dataset advances its reshuffling seeds, so a
+    probe iterator would give the run another order of examples than the
+    same run without `checkpoint_dir`.
     """
-    options = tf.data.Options()
-    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.FAIL
-    iterator = iter(dataset.with_options(options))
     try:
-        tf.raw_ops.SerializeIterator(resource_handle=iterator._iterator_resource,
-                                     external_state_policy=2)   # 2: FAIL
+        dataset._as_serialized_graph(
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
     except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError,
             tf.errors.InvalidArgumentError) as error:
-        message = str(error).splitlines()[0]
+        message = str(error).splitlines()[0].split("}} ")[-1]
         op = re.search(r"\b(PyFunc\w*|EagerPyFunc|Generator\w*|Random\w+|\w+Dataset)\b", message)
         return f"{op.group(1)} ({message[:200]})" if op else message[:240]
     return None
+
+
+# tf.data's symbolic iterator checkpointing is implemented by some
+# transformations only; saving an iterator that has drawn through any other
+# fails ("FixedLengthRecordDatasetV2 does not support symbolic
+# checkpointing"), and tf.data cannot be asked beforehand without starting an
+# iterator (see `_unsaveable_op` for why not). So: the transformations it was
+# measured to accept (TF 2.21; tests/resume/test_symbolic_data.py draws and
+# saves each one symbolically); a pipeline with any other keeps the explicit
+# checkpoint. Measured refusals: cache, window, group_by_window and
+# bucket_by_sequence_length, unique, snapshot, rebatch, fixed-length records,
+# a parallel interleave with deterministic=False. Left out although tf.data
+# accepts it: a parallel interleave (its restored iterator hung, one-off run
+# with cycle_length=2 on TF 2.21), and any transformation with
+# deterministic=False (its order is not reproducible anyway).
+SYMBOLIC_OPS = frozenset({
+    "AssertCardinalityDataset", "BatchDatasetV2", "ConcatenateDataset",
+    "DirectedInterleaveDataset", "FilterDataset", "FlatMapDataset", "InterleaveDataset",
+    "MapDataset", "OptionsDataset", "PaddedBatchDatasetV2", "ParallelBatchDataset",
+    "ParallelMapDatasetV2", "PrefetchDataset",
+    "RandomDataset", "RangeDataset", "RepeatDataset", "ScanDataset", "ShardDataset",
+    "ShuffleDatasetV3", "SkipDataset", "TFRecordDataset", "TakeDataset", "TensorDataset",
+    "TensorSliceDataset", "TextLineDataset", "UnbatchDataset", "ZipDataset",
+})
+
+
+def symbolic_checkpointing(dataset, saved=None):
+    """`dataset` with tf.data's symbolic iterator checkpointing where it applies; and whether.
+
+    With `tf.data.Options().experimental_symbolic_checkpoint`, an iterator
+    checkpoint keeps cursors into the sources instead of the elements in
+    flight: the batches a prefetch or parallel map holds are not written
+    into every checkpoint, they are recomputed on restore (12,768 bytes
+    against 732 for a small map -> batch -> prefetch pipeline; a shuffle
+    buffer is kept either way). `saved` is what the checkpoint being resumed
+    used (None for a fresh run): a checkpoint is read the way it was
+    written. Otherwise it applies when every transformation of the pipeline
+    is one of `SYMBOLIC_OPS`. Call after `data_mode` has refused unsaveable
+    pipelines: a symbolic save skips tf.data's external-state check.
+    """
+    if saved is False or (saved is None and symbolic_refusals(dataset)):
+        return dataset, False
+    options = tf.data.Options()
+    options.experimental_symbolic_checkpoint = True
+    return dataset.with_options(options), True
+
+
+def symbolic_refusals(dataset):
+    """The transformations of `dataset` outside `SYMBOLIC_OPS` (nested pipelines included)."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    nodes = list(graph.node)
+    for function in graph.library.function:   # interleave's and flat_map's pipelines
+        nodes.extend(function.node_def)
+    refused = set()
+    for node in nodes:
+        if re.search(r"Dataset(V\d+)?$", node.op) and (
+                node.op not in SYMBOLIC_OPS or node.attr["deterministic"].s == b"false"):
+            refused.add(node.op)
+    return sorted(refused)
 
 
 def global_random_ops(concrete_functions):
@@ -469,6 +529,7 @@ class ResumePoint:
     batches_drawn: int     # batches drawn from the current pass
     data: str              # "replay" or "iterator"
     run: dict              # the rest of run.json
+    symbolic: bool = False # the iterator was saved with tf.data's symbolic checkpointing
 
     def describe(self):
         saved = self.run.get("saved_at", "?")
@@ -542,7 +603,8 @@ class RunCheckpointer:
         self.keep_best = keep_best
         self.resume = bool(resume)
         self.checkpoint_data = checkpoint_data
-        self.data = None
+        self.data = None             # "replay" or "iterator": `data_mode`
+        self.symbolic_data = False   # iterator saved symbolically: `symbolic_checkpointing`
         self.preemption = PreemptionHandler()
         self._last_save_step = None
         self._last_save_time = time.monotonic()
@@ -610,7 +672,8 @@ class RunCheckpointer:
                                steps_in_epoch=run["steps_in_epoch"],
                                samples_in_epoch=run["samples_in_epoch"],
                                passes=run["passes"], batches_drawn=run["batches_drawn"],
-                               data=run["data"], run=run)
+                               data=run["data"], run=run,
+                               symbolic=run.get("symbolic_data", False))
         if saves:
             raise CheckpointError(
                 f"No checkpoint in {self.folder.path} can be loaded: " + "; ".join(problems)

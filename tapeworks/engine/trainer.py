@@ -490,6 +490,11 @@ class Trainer:
         if resumer is not None:
             resumer.data = run_checkpoint.data_mode(train, resumer.checkpoint_data)
             resume_point = resumer.restore(self._read_run_state)
+            if resumer.data == "iterator":
+                saved = (resume_point.symbolic if resume_point is not None
+                         and resume_point.data == "iterator" and resume_point.passes else None)
+                train.dataset, resumer.symbolic_data = run_checkpoint.symbolic_checkpointing(
+                    train.dataset, saved)
         self._guard.reset()
         self._nonfinite_warned = 0
         self._host_step, self._monitor_next = int(self.counters.step), None
@@ -1152,6 +1157,7 @@ class Trainer:
         position = {"epoch": epoch, "steps_in_epoch": steps_in_epoch,
                     "samples_in_epoch": samples_in_epoch, "passes": batches.passes,
                     "batches_drawn": batches.drawn, "data": resumer.data,
+                    "symbolic_data": resumer.symbolic_data,
                     "planner": [choice.jit_compile, choice.steps_per_call] if choice else None,
                     "seed": self._data.seed}
         folder = resumer.save(
