@@ -413,8 +413,11 @@ class CallPlanner:
             return True
         probe = max((n for n, _, _ in self._calls.get(False, [])), default=PROBE_STEPS)
         # Its start, the timed rounds of 1 and `probe` steps, and the check
-        # against one-step tf.function (at most `probe` steps per call).
-        trial = 2 + 2 * ROUNDS * (1 + probe)
+        # of the winner against one-step tf.function, whose calls run the
+        # winner's steps per call: unknown before the trial (a faster step
+        # needs more of them to hide the same overhead), at most the cap
+        # (half an epoch when the epoch's length is known).
+        trial = 2 + ROUNDS * (1 + probe) + ROUNDS * (1 + max(probe, self._max_steps))
         return (self.remaining_steps or 0) >= trial
 
     def _still_worth_it(self, mode, first_seconds):

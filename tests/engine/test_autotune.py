@@ -278,6 +278,7 @@ def test_steps_of_runs_that_used_a_plan_add_up_until_a_mode_can_pay():
     memory = None
     for run in range(10):
         planner = CallPlanner("auto", "auto")
+        planner.limit_steps(50)   # epochs of 100 steps: a trial fits in a run
         if memory is None:
             drive_kinds(planner, steady_cost(), remaining=500)
             assert planner.choice.jit_compile is False
@@ -324,3 +325,33 @@ def test_a_later_run_too_short_to_finish_a_trial_does_not_start_one():
     longer.remaining_steps = 2000
     longer.reconsider()
     assert longer.tuning and longer.next_call().jit == "update"
+
+
+def test_a_trial_is_started_only_when_its_check_at_the_chosen_steps_fits_too():
+    # Epochs of 200 steps: calls of at most 100. The check of an XLA winner
+    # runs calls as long as the winner's (up to 100 steps), so a trial needs
+    # 2 + 5 x (1 + 8) + 5 x (1 + 100) = 552 steps. A run with 300 steps left
+    # has room for the timed rounds but not for the check: it must not start
+    # a trial that the process would end in the middle of (nothing stored,
+    # the next run pays the start again).
+    first = CallPlanner("auto", "auto")
+    first.limit_steps(100)
+    drive_kinds(first, steady_cost(), remaining=2000)
+    first.steps_trained = 10_000
+    memory = first.memory()
+    for left, starts in ((300, False), (552, True)):
+        planner = CallPlanner("auto", "auto")
+        planner.limit_steps(100)
+        planner.adopt(first.choice, memory)
+        planner.remaining_steps = left
+        planner.reconsider()
+        assert planner.tuning is starts
+        cost = steady_cost()
+        while planner.tuning and left > 0:   # the fit's steps, counted down
+            planner.remaining_steps = left
+            probe = planner.next_call()
+            steps = min(probe.steps, left)
+            planner.record(probe, probe.steps, steps, steps * BATCH,
+                           cost(probe.jit, steps, probe.kind))
+            left -= steps
+        assert not planner.tuning   # a started trial ended within the fit
