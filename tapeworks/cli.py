@@ -201,6 +201,24 @@ def _cache(args):
     return 0
 
 
+def _export(args):
+    _quiet_tensorflow()
+    import keras
+
+    from tapeworks import TapeworksError, deploy
+
+    try:
+        model = keras.saving.load_model(args.model, safe_mode=True)
+        report = deploy.export(model, args.path, format=args.format, overwrite=args.overwrite)
+    except (TapeworksError, ValueError, OSError) as error:
+        # Keras' own load errors (a missing file, an unregistered class, an
+        # unsafe Lambda) are ValueErrors and OSErrors with their reason.
+        print(f"tapeworks export: {error}", file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+
 def _launch(args):
     # No TensorFlow here: the workers import it, the launcher only starts them.
     from tapeworks import launch
@@ -291,6 +309,21 @@ def build_parser():
                                           "(trainer, data).")
     explain.add_arguments(explain_verb)
     explain_verb.set_defaults(run=_explain)
+
+    export = verbs.add_parser(
+        "export", help="write a .keras model as a verified SavedModel or .keras artefact",
+        description="Load MODEL (a .keras archive, with safe_mode=True), write it to PATH in "
+                    "FORMAT, load the artefact in a fresh process and check that it gives the "
+                    "model's outputs; print its size, load time and latency. A failed check "
+                    "leaves nothing at PATH (exit status 1). For preprocessing inside the "
+                    "signature, use tapeworks.deploy.export from Python.")
+    export.add_argument("model", help="the .keras archive to export")
+    export.add_argument("path", help="where the artefact goes (a folder for saved_model)")
+    export.add_argument("--format", choices=["saved_model", "keras"], default="saved_model",
+                        help="default: %(default)s (what TF Serving loads)")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace an artefact at PATH once the new one is verified")
+    export.set_defaults(run=_export)
 
     launch = verbs.add_parser(
         "launch", help="run N local workers of a multi-worker script, each with its TF_CONFIG",

@@ -13,7 +13,7 @@ def tapeworks(*args, cwd=None, timeout=600):
                           text=True, cwd=cwd, timeout=timeout)
 
 
-@pytest.mark.parametrize("verb", [[], ["demo"], ["bench"]])
+@pytest.mark.parametrize("verb", [[], ["demo"], ["bench"], ["export"]])
 def test_help(verb):
     result = tapeworks(*verb, "--help")
     assert result.returncode == 0
@@ -152,3 +152,22 @@ def test_unknown_scenario_is_named_without_importing_tensorflow():
                             capture_output=True, text=True)
     assert result.stdout.split() == ["2", "False"]
     assert "unknown scenario(s) nosuch" in result.stderr
+
+
+@pytest.mark.multiprocess
+def test_export_writes_a_verified_saved_model_and_refuses_a_taken_path(tmp_path):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,), name="features"), keras.layers.Dense(2)])
+    model.save(tmp_path / "model.keras")
+    result = tapeworks("export", str(tmp_path / "model.keras"), str(tmp_path / "served"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "saved_model artefact at" in result.stdout and "verified in a fresh process" \
+        in result.stdout
+    assert (tmp_path / "served" / "saved_model.pb").exists()
+    again = tapeworks("export", str(tmp_path / "model.keras"), str(tmp_path / "served"))
+    assert again.returncode == 1 and "already exists" in again.stderr
+    missing = tapeworks("export", str(tmp_path / "nothing.keras"), str(tmp_path / "other"))
+    assert missing.returncode == 1 and "tapeworks export:" in missing.stderr
+    assert not (tmp_path / "other").exists()

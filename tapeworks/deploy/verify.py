@@ -1,0 +1,104 @@
+"""Loads an exported artefact and runs inputs through it: `export`'s check, in a fresh process.
+
+A fresh process is the honest test of an artefact: it has none of the
+exporting process's state (registered classes, traced functions, variables),
+only what the files hold and what it imports. Run as
+
+    python -m tapeworks.deploy.verify FORMAT ARTEFACT INPUTS.npz OUTPUTS.npz [MODULE ...]
+
+where INPUTS.npz holds one array per named input, and each MODULE is
+imported first (the modules that define and register a `.keras` archive's
+custom classes: a user installs them beside the archive too). It writes the
+outputs, one array per named output, and the timings as JSON on stdout.
+"""
+
+import json
+import sys
+import time
+
+
+def load(format, artefact):
+    """The artefact as a callable `run(named inputs) -> named outputs`, and the seconds it took."""
+    start = time.perf_counter()
+    if format == "saved_model":
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(artefact)
+        serve = loaded.signatures["serving_default"]
+
+        def run(inputs):
+            return {name: value.numpy() for name, value in serve(**{
+                name: tf.constant(array) for name, array in inputs.items()}).items()}
+    else:
+        import keras
+
+        model = keras.saving.load_model(artefact, safe_mode=True)
+
+        def run(inputs):
+            return named_outputs(model, model(model_inputs(model, inputs), training=False))
+    return run, time.perf_counter() - start
+
+
+def model_inputs(model, inputs):
+    """What a Keras model is called with, from {input name: array}: by its inputs' order."""
+    try:
+        names = [tensor.name for tensor in model.inputs]
+    except (AttributeError, ValueError):   # a subclassed model has no fixed inputs
+        names = []
+    if sorted(names) != sorted(inputs):
+        names = list(inputs)
+    return [inputs[name] for name in names] if len(names) > 1 else inputs[names[0]]
+
+
+def named_outputs(model, outputs):
+    """{name: array} of a model's outputs, named as `export` names them."""
+    import keras
+    import numpy as np
+
+    if isinstance(outputs, dict):
+        return {name: np.asarray(keras.ops.convert_to_numpy(v)) for name, v in outputs.items()}
+    flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    names = output_names(model, len(flat))
+    return {name: np.asarray(keras.ops.convert_to_numpy(v)) for name, v in zip(names, flat)}
+
+
+def output_names(model, count):
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != count or len(set(names)) != count:
+        names = [f"output_{i}" for i in range(count)]
+    return names
+
+
+def latency(run, inputs, repeats=20):
+    """Median seconds of one call of `run` on `inputs`, after a warm-up call."""
+    import statistics
+
+    run(inputs)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(inputs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv):
+    import numpy as np
+
+    format, artefact, inputs_path, outputs_path, *modules = argv
+    import importlib
+
+    for module in modules:
+        importlib.import_module(module)
+    run, load_seconds = load(format, artefact)
+    inputs = dict(np.load(inputs_path))
+    outputs = run(inputs)
+    np.savez(outputs_path, **outputs)
+    single = {name: array[:1] for name, array in inputs.items()}
+    print(json.dumps({"load_seconds": load_seconds,
+                      "single_seconds": latency(run, single),
+                      "batch_seconds": latency(run, inputs)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

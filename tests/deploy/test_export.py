@@ -1,0 +1,143 @@
+"""`tapeworks.deploy.export`: verified artefacts in a fresh process, and clear refusals.
+
+Each export loads its artefact in a fresh Python process (the verification),
+so the round-trip tests are marked multiprocess.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tapeworks import ConfigError
+from tapeworks.deploy import ExportError, export
+from tests.deploy import custom_layers
+
+
+def sequential():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((4,), name="features"),
+                             keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+
+
+def two_inputs():
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    joined = keras.layers.Concatenate()([a, b])
+    return keras.Model([a, b], [keras.layers.Dense(2, name="score")(joined),
+                                keras.layers.Dense(1, name="value")(a)])
+
+
+def served(path, **inputs):
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    return {k: v.numpy() for k, v in signature(**{k: tf.constant(v) for k, v in inputs.items()})
+            .items()}
+
+
+@pytest.mark.multiprocess
+def test_a_sequential_and_a_two_input_model_round_trip_in_both_formats(tmp_path):
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype("float32")
+    model = sequential()
+    report = export(model, tmp_path / "seq")
+    assert report.verified_in == "a fresh process"
+    assert (report.inputs, report.outputs, report.batch_size) == (["features"], ["output_0"], 32)
+    assert report.size_bytes > 0 and report.load_seconds > 0 and report.batch_seconds > 0
+    np.testing.assert_allclose(served(str(tmp_path / "seq"), features=x)["output_0"],
+                               model(x), rtol=1e-5, atol=1e-6)
+
+    model = two_inputs()
+    a = np.ones((2, 3), "float32")
+    b = np.full((2, 2), 2.0, "float32")
+    report = export(model, tmp_path / "two")
+    assert (report.inputs, report.outputs) == (["a", "b"], ["score", "value"])
+    outputs = served(str(tmp_path / "two"), a=a, b=b)
+    expected = model([a, b])
+    np.testing.assert_allclose(outputs["score"], expected[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outputs["value"], expected[1], rtol=1e-5, atol=1e-6)
+    assert export(model, tmp_path / "two.keras", format="keras").outputs == ["score", "value"]
+    loaded = keras.saving.load_model(tmp_path / "two.keras", safe_mode=True)
+    for got, want in zip(loaded([a, b]), expected):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.multiprocess
+def test_a_subclassed_model_with_a_registered_custom_layer(tmp_path):
+    model = custom_layers.TwoLayerNet()
+    sample = np.random.default_rng(1).standard_normal((6, 3)).astype("float32")
+    model(sample)
+    with pytest.raises(ConfigError, match="no fixed inputs"):
+        export(model, tmp_path / "no-sample")
+    for path, format in ((tmp_path / "net.keras", "keras"), (tmp_path / "net", "saved_model")):
+        report = export(model, path, format=format, sample=sample)
+        # Loaded without custom_objects= in a process that imported only the
+        # classes' module (their registration).
+        assert report.verified_in == "a fresh process"
+        assert report.batch_size == 6 and max(report.max_difference.values()) <= 1e-5
+
+
+@pytest.mark.multiprocess
+def test_preprocessing_inside_the_signature_equals_preprocessing_outside(tmp_path):
+    raw = np.random.default_rng(2).integers(0, 255, (16, 4)).astype("float32")
+    normalization = keras.layers.Normalization()
+    normalization.adapt(raw)
+    model = sequential()
+    expected = model(normalization(raw))
+    for preprocessing in (normalization, lambda t: normalization(t)):
+        path = tmp_path / f"with-{type(preprocessing).__name__}"
+        export(model, path, preprocessing=preprocessing, sample=raw)
+        np.testing.assert_allclose(served(str(path), features=raw)["output_0"], expected,
+                                   rtol=1e-5, atol=1e-5)
+    export(model, tmp_path / "pre.keras", format="keras", preprocessing=normalization,
+           sample=raw)
+    loaded = keras.saving.load_model(tmp_path / "pre.keras", safe_mode=True)
+    np.testing.assert_allclose(loaded(raw), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_an_artefact_that_differs_from_the_model_leaves_nothing_and_keeps_the_old_one(tmp_path):
+    keras.utils.set_random_seed(0)
+    good = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    forgetful = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2),
+                                  custom_layers.ForgetfulScale(3.0)])
+    path = tmp_path / "model.keras"
+    export(good, path, format="keras")
+    before = path.read_bytes()
+    with pytest.raises(ExportError, match="differs by up to .*get_config"):
+        export(forgetful, path, format="keras", overwrite=True)
+    assert path.read_bytes() == before                       # the old one, untouched
+    assert sorted(os.listdir(tmp_path)) == ["model.keras"]   # no partial left
+    # overwrite=True replaces it once the new artefact is verified.
+    export(good, path, format="keras", overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["model.keras"]
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path):
+    model = sequential()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    cases = [
+        (dict(path=tmp_path / "taken"), "already exists.*overwrite=True"),
+        (dict(path=tmp_path / "m", format="onnx"), "must be one of 'saved_model', 'keras'"),
+        (dict(path=tmp_path / "m.h5", format="keras"), "must end in \".keras\""),
+        (dict(path=tmp_path / "m", preprocessing=keras.layers.Rescaling(0.5)),
+         "`preprocessing` needs `sample`"),
+        (dict(path=tmp_path / "m.keras", format="keras", preprocessing=lambda t: t,
+              sample=np.zeros((2, 4), "float32")), "not a Python function"),
+    ]
+    for arguments, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            export(model, **arguments)
+    lambda_model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda t: t * 2)])
+    with pytest.raises(ConfigError, match="Lambda layer.*safe_mode=False.*register_keras_ser"):
+        export(lambda_model, tmp_path / "lambda.keras", format="keras")
+    unregistered = keras.Sequential([keras.Input((4,)), custom_layers.Unregistered()])
+    with pytest.raises(ConfigError, match=r"custom_layers\.Unregistered .* is not registered"):
+        export(unregistered, tmp_path / "u.keras", format="keras")
+    dynamic = keras.Sequential([keras.Input((None, 3), name="sequence"),
+                                keras.layers.GlobalAveragePooling1D()])
+    with pytest.raises(ConfigError, match=r"'sequence' has shape \(None, None, 3\).*sample="):
+        export(dynamic, tmp_path / "dynamic")
+    assert sorted(os.listdir(tmp_path)) == ["taken"]
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
