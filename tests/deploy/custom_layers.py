@@ -19,19 +19,12 @@ class Scale(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tapeworks_tests")
-class ForgetfulScale(keras.layers.Layer):
+class ForgetfulScale(Scale):
     """The classic bug: get_config forgets `factor`; a loaded copy multiplies by 1.
 
     (Keras 3 records the constructor's arguments for a layer without a
     get_config of its own; the bug needs one that leaves an argument out.)
     """
-
-    def __init__(self, factor=1.0, **kwargs):
-        super().__init__(**kwargs)
-        self.factor = factor
-
-    def call(self, x):
-        return x * self.factor
 
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable}
