@@ -209,7 +209,8 @@ def _export(args):
 
     try:
         model = keras.saving.load_model(args.model, safe_mode=True)
-        report = deploy.export(model, args.path, format=args.format, overwrite=args.overwrite)
+        report = deploy.export(model, args.path, format=args.format, quantize=args.quantize,
+                               overwrite=args.overwrite)
     except (TapeworksError, ValueError, OSError) as error:
         # Keras' own load errors (a missing file, an unregistered class, an
         # unsafe Lambda) are ValueErrors and OSErrors with their reason.
@@ -311,7 +312,7 @@ def build_parser():
     explain_verb.set_defaults(run=_explain)
 
     export = verbs.add_parser(
-        "export", help="write a .keras model as a verified SavedModel or .keras artefact",
+        "export", help="write a .keras model as a verified SavedModel, .keras or LiteRT artefact",
         description="Load MODEL (a .keras archive, with safe_mode=True), write it to PATH in "
                     "FORMAT, load the artefact in a fresh process and check that it gives the "
                     "model's outputs; print its size, load time and latency. A failed check "
@@ -319,8 +320,11 @@ def build_parser():
                     "signature, use tapeworks.deploy.export from Python.")
     export.add_argument("model", help="the .keras archive to export")
     export.add_argument("path", help="where the artefact goes (a folder for saved_model)")
-    export.add_argument("--format", choices=["saved_model", "keras"], default="saved_model",
-                        help="default: %(default)s (what TF Serving loads)")
+    export.add_argument("--format", choices=["saved_model", "keras", "tflite"],
+                        default="saved_model", help="default: %(default)s (what TF Serving loads)")
+    export.add_argument("--quantize", choices=["dynamic", "float16"], default=None,
+                        help="tflite only: int8 weights (dynamic) or float16 weights; full int8 "
+                             "needs calibration data: tapeworks.deploy.export from Python")
     export.add_argument("--overwrite", action="store_true",
                         help="replace an artefact at PATH once the new one is verified")
     export.set_defaults(run=_export)

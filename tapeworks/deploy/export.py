@@ -18,12 +18,18 @@ What tapeworks adds is around them:
   nothing at `path` (and an earlier artefact there, with `overwrite=True`,
   as it was).
 
-LiteRT conversion and pruning (issue 15's other parts) are not built yet.
+LiteRT models (float32, or quantised: dynamic-range, float16, full int8
+calibrated on `representative_data`) go through TensorFlow's converter from
+that SavedModel, as Keras' own LiteRT export does, and are verified with
+`ai-edge-litert` (LiteRT's maintained runtime), against a bound for the
+quantised ones and, given `validation_data`, the task metric before and after.
+Pruning (issue 15's other part) is not built yet.
 """
 
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,13 +42,23 @@ import tensorflow as tf
 from tapeworks.deploy import verify as verify_lib
 from tapeworks.errors import ConfigError, TapeworksError
 
-FORMATS = ("saved_model", "keras")
+FORMATS = ("saved_model", "keras", "tflite")
+QUANTIZE = (None, "dynamic", "float16", "int8")
 # (rtol, atol) of the artefact's outputs against the in-memory model's. A
 # SavedModel runs the traced graph, which TensorFlow's graph optimiser may
 # fuse differently from eager execution (a MatMul, its bias and ReLU as one
 # kernel): float32 rounding, not a different model. A .keras archive is the
-# same Keras layers with the same weights.
-TOLERANCE = {"saved_model": (1e-4, 1e-5), "keras": (1e-5, 1e-6)}
+# same Keras layers with the same weights. A float32 LiteRT model runs
+# other kernels (XNNPACK) on the same weights.
+TOLERANCE = {"saved_model": (1e-4, 1e-5), "keras": (1e-5, 1e-6), "tflite": (1e-4, 1e-5)}
+# A quantised LiteRT model is another model, close to the float one: its
+# outputs may differ by up to this share of the range of the model's outputs
+# on the same inputs (a bound that catches a broken conversion, not a
+# measure of quality: `validation_data` gives the task metric before and
+# after). Measured on a small MLP (one-off): float16 0.03% of the range,
+# int8 0.4%.
+RANGE_BOUND = {"float16": 0.01, "dynamic": 0.05, "int8": 0.1}
+REPRESENTATIVE_EXAMPLES = 200   # calibration examples read from `representative_data`
 
 
 class ExportError(TapeworksError, RuntimeError):
@@ -64,29 +80,37 @@ class ExportReport:
     verified_in: str           # "a fresh process", or why it was this one
     inputs: list               # the signature's input names
     outputs: list              # its output names
+    quantize: str = None       # tflite: None (float32), "dynamic", "float16" or "int8"
+    metric: dict = None        # with validation_data: {"name", "model", "artefact"}
 
     def __str__(self):
         worst = max(self.max_difference.values()) if self.max_difference else 0.0
-        return (f"{self.format} artefact at {self.path}: {self.size_bytes / 1024:,.1f} KiB, "
+        kind = self.format + (f" ({self.quantize})" if self.quantize else "")
+        metric = (f"; {self.metric['name']} {self.metric['model']:.4g} (model) -> "
+                  f"{self.metric['artefact']:.4g} (artefact) on the validation data"
+                  if self.metric else "")
+        return (f"{kind} artefact at {self.path}: {self.size_bytes / 1024:,.1f} KiB, "
                 f"inputs {', '.join(self.inputs)} -> outputs {', '.join(self.outputs)}; "
                 f"verified in {self.verified_in}: largest difference {worst:.2e} from the "
                 f"model; load {self.load_seconds:.2f} s, latency "
-                f"{self.single_seconds * 1e3:.2f} ms for one example, "
-                f"{self.batch_seconds * 1e3:.2f} ms for {self.batch_size}")
+                f"{self.single_seconds * 1e3:.3f} ms for one example, "
+                f"{self.batch_seconds * 1e3:.3f} ms for {self.batch_size}{metric}")
 
 
 def export(model, path, format="saved_model", *, preprocessing=None, sample=None,
-           overwrite=False, batch_size=32):
+           quantize=None, representative_data=None, validation_data=None, overwrite=False,
+           batch_size=32):
     """Writes `model` to `path` in `format`, verified; returns an `ExportReport`.
 
     Args:
         model: a built `keras.Model`.
         path: where the artefact goes (a folder for "saved_model"; a file
-            ending in ".keras" for "keras").
+            ending in ".keras" for "keras", in ".tflite" for "tflite").
         format: "saved_model" (Keras' `ExportArchive`: TF Serving's format,
             with a `serving_default` signature whose inputs and outputs are
-            named after the model's) or "keras" (the `.keras` archive, loaded
-            back with `safe_mode=True`).
+            named after the model's), "keras" (the `.keras` archive, loaded
+            back with `safe_mode=True`) or "tflite" (LiteRT: that SavedModel
+            through TensorFlow's converter, run by `ai-edge-litert`).
         preprocessing: applied to the raw inputs before the model, inside
             the artefact: a Keras layer or model (both formats), or a
             function of the raw input(s) written with TensorFlow ops
@@ -97,6 +121,16 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             the model has no fixed inputs (a subclassed model) or is
             preceded by `preprocessing`, and for the verification. Without
             it, random inputs of the model's input shapes are used.
+        quantize: "tflite" only: None (float32), "dynamic" (int8 weights,
+            float activations), "float16" (float16 weights) or "int8" (int8
+            weights and activations, float32 inputs and outputs, calibrated
+            on `representative_data`).
+        representative_data: for quantize="int8": examples like `sample`
+            (arrays, or a tf.data.Dataset of inputs or (inputs, targets)
+            batches); the first `REPRESENTATIVE_EXAMPLES` are read.
+        validation_data: optional held-out (inputs, targets): the report
+            gives the task metric (accuracy for class scores against integer
+            labels, else mean squared error) of the model and of the artefact.
         overwrite: replace an artefact already at `path` (only once the new
             one is verified).
         batch_size: rows of the random verification inputs.
@@ -109,17 +143,27 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
     """
     if format not in FORMATS:
         raise ConfigError(f"`format` must be one of {', '.join(map(repr, FORMATS))}. Received: "
-                          f"format={format!r}. (LiteRT export is not built yet: Keras' own "
-                          "`model.export(path, format=\"litert\")` writes one, unverified.)")
+                          f"format={format!r}.")
+    if quantize not in QUANTIZE or (quantize is not None and format != "tflite"):
+        raise ConfigError(
+            f"`quantize` must be one of {', '.join(map(repr, QUANTIZE))}, with format=\"tflite\". "
+            f"Received: quantize={quantize!r}, format={format!r}. Fix: format=\"tflite\", or "
+            "quantize=None.")
+    if quantize == "int8" and representative_data is None:
+        raise ConfigError(
+            "quantize=\"int8\" needs `representative_data`: the activations' int8 ranges are "
+            "calibrated on real inputs. Fix: representative_data=<a few hundred training "
+            "examples> (or quantize=\"dynamic\", which needs none).")
     if not isinstance(model, keras.Model) or not model.built:
         raise ConfigError(
             f"`model` must be a built keras.Model. Received: {type(model).__name__}"
             f"{'' if not isinstance(model, keras.Model) else ' (not built)'}. Fix: call the "
             "model on a batch (or train it) before exporting.")
     path = os.fspath(path)
-    if format == "keras" and not path.endswith(".keras"):
-        raise ConfigError(f"A .keras archive's path must end in \".keras\". Received: {path!r}. "
-                          f"Fix: {path!r} + \".keras\", or format=\"saved_model\".")
+    suffix = {"keras": ".keras", "tflite": ".tflite"}.get(format)
+    if suffix and not path.endswith(suffix):
+        raise ConfigError(f"A {format} artefact's path must end in \"{suffix}\". Received: "
+                          f"{path!r}. Fix: {path!r} + \"{suffix}\".")
     if os.path.exists(path) and not overwrite:
         raise ConfigError(f"{path!r} already exists: nothing was written. Expected a new path. "
                           "Fix: another path, or overwrite=True (the old artefact is replaced "
@@ -137,6 +181,13 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             "layers (keras.layers.Normalization, Rescaling, ...), or format=\"saved_model\".")
     inputs = _sample_inputs(model, sample, batch_size)
     serving = _Serving(model, preprocessing, inputs)
+    held_out, targets = {}, None
+    if validation_data is not None:
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+            raise ConfigError("`validation_data` must be (inputs, targets). Received: a "
+                              f"{type(validation_data).__name__}. Fix: validation_data=(x, y).")
+        held_out = _as_named(validation_data[0], list(inputs))
+        targets = np.asarray(validation_data[1])
     if format == "keras":
         serving.check_keras_archive()
         archived = serving.keras_model()
@@ -144,26 +195,41 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             verify_lib.model_inputs(archived, inputs), training=False))
     else:
         reference = serving.reference(inputs)
+    metric = None
+    if held_out:
+        expected = (verify_lib.named_outputs(archived, archived(verify_lib.model_inputs(
+            archived, held_out), training=False)) if format == "keras"
+            else serving.reference(held_out))
+        metric = _Metric(targets, expected)
 
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     name = os.path.basename(path.rstrip(os.sep))
     partial = os.path.join(folder, f".{name}.partial-{os.getpid()}"
-                           + (".keras" if format == "keras" else ""))
+                           + (suffix or ""))
     try:
         if format == "saved_model":
             serving.write_saved_model(partial)
+        elif format == "tflite":
+            serving.write_tflite(partial, quantize, representative_data)
         else:
             archived.save(partial)
-        measured, verified_in = _run_fresh(format, partial, inputs, serving.modules())
-        differences = _compare(format, reference, measured.pop("outputs"))
+        given = dict(inputs, **{f"validation/{k}": v for k, v in held_out.items()})
+        measured, verified_in = _run_fresh(format, partial, given, serving.modules())
+        produced = measured.pop("outputs")
+        if metric is not None:
+            metric.artefact_value = metric.of({k.split("/", 1)[1]: v for k, v in produced.items()
+                                               if k.startswith("validation/")})
+        differences = _compare(format, quantize, reference,
+                               {k: v for k, v in produced.items() if "/" not in k})
         _put_in_place(partial, path)
     finally:
         _remove(partial)
     return ExportReport(path=path, format=format, size_bytes=_size(path),
                         batch_size=len(next(iter(inputs.values()))),
                         max_difference=differences, verified_in=verified_in,
-                        inputs=list(inputs), outputs=list(reference), **measured)
+                        inputs=list(inputs), outputs=list(reference), quantize=quantize,
+                        metric=metric.as_dict() if metric is not None else None, **measured)
 
 
 class _Serving:
@@ -197,6 +263,34 @@ class _Serving:
             archive.track(self.preprocessing)
         archive.add_endpoint("serving_default", self, input_signature=self.specs)
         archive.write_out(folder, verbose=False)
+
+    def write_tflite(self, path, quantize, representative_data):
+        """The SavedModel's signature through TensorFlow's LiteRT converter (as Keras' own
+        `export(format="litert")` does), with the quantisation asked for."""
+        import warnings
+
+        with tempfile.TemporaryDirectory(prefix="tapeworks-tflite-") as folder:
+            self.write_saved_model(folder)
+            converter = tf.lite.TFLiteConverter.from_saved_model(
+                folder, signature_keys=["serving_default"])
+            if quantize is not None:
+                converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            if quantize == "float16":
+                converter.target_spec.supported_types = [tf.float16]
+            if quantize == "int8":
+                examples = _representative(representative_data, self.names)
+                converter.representative_dataset = lambda: iter(examples)
+                converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            try:
+                with warnings.catch_warnings():
+                    # The converter calibrates with tf.lite.Interpreter, which warns
+                    # that it is deprecated; the verification uses ai-edge-litert.
+                    warnings.simplefilter("ignore", UserWarning)
+                    flatbuffer = converter.convert()
+            except Exception as error:   # the converter raises ConverterError and friends
+                raise ConfigError(_conversion_problem(error, quantize)) from None
+        with open(path, "wb") as file:
+            file.write(flatbuffer)
 
     def keras_model(self):
         """The model, preceded by the preprocessing layer when there is one."""
@@ -254,6 +348,80 @@ class _Serving:
     def modules(self):
         """The modules a fresh process must import to rebuild the custom classes."""
         return sorted({cls.__module__ for cls in self._custom_classes()})
+
+
+def _conversion_problem(error, quantize):
+    text = str(error)
+    flex = sorted(set(re.findall(r"Flex(\w+)", text)))
+    ops = flex or sorted(set(re.findall(r"'tf\.(\w+)'", text)))
+    if ops:
+        return (f"LiteRT cannot convert op(s) {', '.join(ops)}: its built-in kernels do not "
+                "include them" + (" in int8" if quantize == "int8" else "") + ". Nothing was "
+                "written. Fix: write that part of the model with ops LiteRT has (see "
+                "ai.google.dev/edge/litert/models/ops_compatibility), or convert it yourself "
+                "with tf.lite.OpsSet.SELECT_TF_OPS, whose models need TensorFlow's Flex delegate "
+                "at run time (which tapeworks' verification with ai-edge-litert does not "
+                "load).")
+    lines = [line for line in text.splitlines() if line.strip()]
+    return ("LiteRT could not convert the model: " + (lines[-1][:300] if lines else
+            type(error).__name__) + ". Nothing was written.")
+
+
+def _representative(data, names):
+    """Up to REPRESENTATIVE_EXAMPLES calibration examples, one per dict, keyed by input name."""
+    examples = []
+    if isinstance(data, tf.data.Dataset):
+        for batch in data:
+            features = batch[0] if isinstance(batch, tuple) and len(batch) in (2, 3) else batch
+            named = _as_named(features, names)
+            rows = len(next(iter(named.values())))
+            examples += [{k: v[i:i + 1] for k, v in named.items()} for i in range(rows)]
+            if len(examples) >= REPRESENTATIVE_EXAMPLES:
+                break
+    else:
+        named = _as_named(data, names)
+        rows = len(next(iter(named.values())))
+        examples = [{k: v[i:i + 1] for k, v in named.items()} for i in range(rows)]
+    if not examples:
+        raise ConfigError("`representative_data` holds no examples. Fix: a few hundred "
+                          "training inputs.")
+    return [{k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
+             for k, v in example.items()} for example in examples[:REPRESENTATIVE_EXAMPLES]]
+
+
+def _as_named(data, names):
+    """{input name: array} from an array, a list in `names`' order or a dict."""
+    if isinstance(data, dict):
+        named = {str(k): np.asarray(v) for k, v in data.items()}
+    else:
+        parts = list(data) if isinstance(data, (list, tuple)) else [data]
+        named = {name: np.asarray(part) for name, part in zip(names, parts)}
+    if sorted(named) != sorted(names):
+        raise ConfigError(f"The data's inputs are {sorted(named)}; the artefact takes "
+                          f"{sorted(names)}. Fix: the same inputs as `sample`.")
+    return named
+
+
+class _Metric:
+    """The task metric of the model and of the artefact on held-out data."""
+
+    def __init__(self, targets, expected):
+        self.targets = targets
+        first = next(iter(expected.values()))
+        self.classes = (first.ndim == 2 and first.shape[1] > 1
+                        and np.issubdtype(targets.dtype, np.integer))
+        self.name = "accuracy" if self.classes else "mean squared error"
+        self.model_value = self.of(expected)
+        self.artefact_value = None
+
+    def of(self, outputs):
+        first = next(iter(outputs.values()))
+        if self.classes:
+            return float(np.mean(np.argmax(first, axis=-1) == self.targets.reshape(-1)))
+        return float(np.mean((first.reshape(self.targets.shape) - self.targets) ** 2))
+
+    def as_dict(self):
+        return {"name": self.name, "model": self.model_value, "artefact": self.artefact_value}
 
 
 def _sample_inputs(model, sample, batch_size):
@@ -337,7 +505,7 @@ def _run_fresh(format, artefact, inputs, modules):
     return timings, "a fresh process"
 
 
-def _compare(format, reference, produced):
+def _compare(format, quantize, reference, produced):
     rtol, atol = TOLERANCE[format]
     if sorted(produced) != sorted(reference):
         raise ExportError(
@@ -352,6 +520,17 @@ def _compare(format, reference, produced):
                 f"{expected.shape}: nothing was left at the path.")
         difference = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size \
             else 0.0
+        if quantize is not None:
+            bound = RANGE_BOUND[quantize] * float(np.ptp(expected)) if expected.size else 0.0
+            if difference > bound:
+                raise ExportError(
+                    f"The {quantize} LiteRT model is too far from the model: output {name!r} "
+                    f"differs by up to {difference:.3g}, over {RANGE_BOUND[quantize]:.0%} of "
+                    f"the outputs' range ({bound:.3g}). Nothing was left at the path. Fix: "
+                    "for int8, representative_data that covers the inputs' real range; or a "
+                    "lighter quantisation (\"float16\", \"dynamic\").")
+            differences[name] = difference
+            continue
         if not np.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
             raise ExportError(
                 f"The {format} artefact does not give the model's outputs: output {name!r} "

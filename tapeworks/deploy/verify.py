@@ -6,7 +6,8 @@ only what the files hold and what it imports. Run as
 
     python -m tapeworks.deploy.verify FORMAT ARTEFACT INPUTS.npz OUTPUTS.npz [MODULE ...]
 
-where INPUTS.npz holds one array per named input, and each MODULE is
+where INPUTS.npz holds one array per named input (and, as "validation/<name>",
+held-out inputs whose outputs are written as "validation/<output>"), and each MODULE is
 imported first (the modules that define and register a `.keras` archive's
 custom classes: a user installs them beside the archive too). It writes the
 outputs, one array per named output, and the timings as JSON on stdout.
@@ -29,6 +30,15 @@ def load(format, artefact):
         def run(inputs):
             return {name: value.numpy() for name, value in serve(**{
                 name: tf.constant(array) for name, array in inputs.items()}).items()}
+    elif format == "tflite":
+        # LiteRT's maintained runtime, not the deprecated tf.lite.Interpreter.
+        from ai_edge_litert.interpreter import Interpreter
+
+        interpreter = Interpreter(model_path=artefact)
+        serve = interpreter.get_signature_runner("serving_default")
+
+        def run(inputs):
+            return {name: value.copy() for name, value in serve(**inputs).items()}
     else:
         import keras
 
@@ -91,8 +101,14 @@ def main(argv):
     for module in modules:
         importlib.import_module(module)
     run, load_seconds = load(format, artefact)
-    inputs = dict(np.load(inputs_path))
+    given = dict(np.load(inputs_path))
+    inputs = {name: array for name, array in given.items() if "/" not in name}
     outputs = run(inputs)
+    # "validation/<input>": held-out inputs for the task metric, run as well.
+    held_out = {name.split("/", 1)[1]: array for name, array in given.items()
+                if name.startswith("validation/")}
+    if held_out:
+        outputs.update({f"validation/{name}": value for name, value in run(held_out).items()})
     np.savez(outputs_path, **outputs)
     single = {name: array[:1] for name, array in inputs.items()}
     print(json.dumps({"load_seconds": load_seconds,
