@@ -33,7 +33,8 @@ SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
                                  _scenario("precision"), _scenario("gan"), _scenario("input"),
                                  _scenario("lint"), _scenario("autotune"),
                                  _scenario("wallclock"), _scenario("diagnose"),
-                                 _scenario("bugs"), _scenario("checkpoint"))}
+                                 _scenario("bugs"), _scenario("checkpoint"),
+                                 _scenario("export"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):

@@ -89,7 +89,21 @@ def test_bench_list():
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose", "bugs", "checkpoint"]
+        "diagnose", "bugs", "checkpoint", "export"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_export_bench_quick(tmp_path):
+    result = tapeworks("bench", "export", "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "export.json").read_text())
+    rows = {row["format"]: row for row in report["rows"]}
+    assert sorted(rows) == ["saved_model", "tflite", "tflite int8"]
+    assert all(row["size_kib"] > 0 and row["metric"] == "accuracy %" for row in rows.values())
+    assert rows["tflite int8"]["vs_float_size"] < 1
+    assert "digits int8 vs float32" in report["facts"]
+    assert (tmp_path / "export.png").exists()
 
 
 @pytest.mark.slow
