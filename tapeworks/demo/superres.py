@@ -92,8 +92,13 @@ def make_patches(config):
     return lr, hr
 
 
+@keras.saving.register_keras_serializable(package="tapeworks")
 class BicubicResidual(keras.layers.Layer):
-    """Adds the pixel-shuffled residual to the bicubic upsampling of the input."""
+    """Adds the pixel-shuffled residual to the bicubic upsampling of the input.
+
+    Registered, so a saved demo network loads without `custom_objects=` (in
+    a process that imports this module).
+    """
 
     def call(self, inputs):
         lr, residual = inputs
