@@ -82,6 +82,7 @@ class ExportReport:
     outputs: list              # its output names
     quantize: str = None       # tflite: None (float32), "dynamic", "float16" or "int8"
     metric: dict = None        # with validation_data: {"name", "model", "artefact"}
+    signatures: list = None    # saved_model: "serving_default" and the extra ones
 
     def __str__(self):
         worst = max(self.max_difference.values()) if self.max_difference else 0.0
@@ -98,8 +99,8 @@ class ExportReport:
 
 
 def export(model, path, format="saved_model", *, preprocessing=None, sample=None,
-           quantize=None, representative_data=None, validation_data=None, overwrite=False,
-           batch_size=32):
+           quantize=None, representative_data=None, validation_data=None, signatures=None,
+           overwrite=False, batch_size=32):
     """Writes `model` to `path` in `format`, verified; returns an `ExportReport`.
 
     Args:
@@ -131,6 +132,12 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
         validation_data: optional held-out (inputs, targets): the report
             gives the task metric (accuracy for class scores against integer
             labels, else mean squared error) of the model and of the artefact.
+        signatures: "saved_model" only: named extra signatures beside
+            `serving_default`, {name: function}. Each function takes the same
+            raw inputs, positionally in the signature's input order, and
+            returns a tensor or a dict of named tensors, with TensorFlow ops
+            (it may call the model: `lambda x: tf.nn.softmax(model(x))`). Each
+            is verified like `serving_default`.
         overwrite: replace an artefact already at `path` (only once the new
             one is verified).
         batch_size: rows of the random verification inputs.
@@ -149,6 +156,17 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             f"`quantize` must be one of {', '.join(map(repr, QUANTIZE))}, with format=\"tflite\". "
             f"Received: quantize={quantize!r}, format={format!r}. Fix: format=\"tflite\", or "
             "quantize=None.")
+    signatures = dict(signatures or {})
+    if signatures and format != "saved_model":
+        raise ConfigError(f"Extra `signatures` are a SavedModel's: format={format!r} has one "
+                          "entry point. Fix: format=\"saved_model\", or no signatures.")
+    bad = [name for name, fn in signatures.items()
+           if not isinstance(name, str) or not name.isidentifier() or name == "serving_default"
+           or not callable(fn)]
+    if bad:
+        raise ConfigError(f"`signatures` must map names (identifiers, not \"serving_default\") "
+                          f"to functions. Received: {bad!r}. Fix: "
+                          "signatures={\"probabilities\": lambda x: tf.nn.softmax(model(x))}.")
     if quantize == "int8" and representative_data is None:
         raise ConfigError(
             "quantize=\"int8\" needs `representative_data`: the activations' int8 ranges are "
@@ -180,7 +198,7 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             f"given is a {type(preprocessing).__name__}. Fix: write it as Keras preprocessing "
             "layers (keras.layers.Normalization, Rescaling, ...), or format=\"saved_model\".")
     inputs = _sample_inputs(model, sample, batch_size)
-    serving = _Serving(model, preprocessing, inputs)
+    serving = _Serving(model, preprocessing, inputs, signatures)
     held_out, targets = {}, None
     if validation_data is not None:
         if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
@@ -195,6 +213,8 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             verify_lib.model_inputs(archived, inputs), training=False))
     else:
         reference = serving.reference(inputs)
+    extra = {f"signature/{name}/{output}": value
+             for name in signatures for output, value in serving.reference(inputs, name).items()}
     metric = None
     if held_out:
         expected = (verify_lib.named_outputs(archived, archived(verify_lib.model_inputs(
@@ -215,13 +235,18 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
         else:
             archived.save(partial)
         given = dict(inputs, **{f"validation/{k}": v for k, v in held_out.items()})
-        measured, verified_in = _run_fresh(format, partial, given, serving.modules())
+        # A SavedModel or LiteRT model holds traced graphs: no class code to import.
+        modules = serving.modules() if format == "keras" else []
+        measured, verified_in = _run_fresh(format, partial, given, modules)
         produced = measured.pop("outputs")
         if metric is not None:
             metric.artefact_value = metric.of({k.split("/", 1)[1]: v for k, v in produced.items()
                                                if k.startswith("validation/")})
         differences = _compare(format, quantize, reference,
                                {k: v for k, v in produced.items() if "/" not in k})
+        if extra:
+            differences.update(_compare(format, quantize, extra, {
+                k: v for k, v in produced.items() if k.startswith("signature/")}))
         _put_in_place(partial, path)
     finally:
         _remove(partial)
@@ -229,15 +254,17 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
                         batch_size=len(next(iter(inputs.values()))),
                         max_difference=differences, verified_in=verified_in,
                         inputs=list(inputs), outputs=list(reference), quantize=quantize,
+                        signatures=["serving_default"] + list(signatures),
                         metric=metric.as_dict() if metric is not None else None, **measured)
 
 
 class _Serving:
     """What an artefact serves: raw named inputs -> preprocessing -> model -> named outputs."""
 
-    def __init__(self, model, preprocessing, inputs):
+    def __init__(self, model, preprocessing, inputs, signatures=None):
         self.model = model
         self.preprocessing = preprocessing
+        self.signatures = {name: self._named(fn) for name, fn in (signatures or {}).items()}
         self.names = list(inputs)
         self.specs = [tf.TensorSpec((None,) + array.shape[1:], tf.as_dtype(array.dtype), name=n)
                       for n, array in inputs.items()]
@@ -251,9 +278,17 @@ class _Serving:
         flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         return dict(zip(verify_lib.output_names(self.model, len(flat)), flat))
 
-    def reference(self, inputs):
-        """The in-memory model's outputs on `inputs`, as numpy, by output name."""
-        outputs = self(*[tf.constant(inputs[name]) for name in self.names])
+    @staticmethod
+    def _named(fn):
+        def signature(*tensors):
+            outputs = fn(*tensors)
+            return dict(outputs) if isinstance(outputs, dict) else {"output_0": outputs}
+        return signature
+
+    def reference(self, inputs, signature=None):
+        """Outputs on `inputs` of the model (or of an extra signature), as numpy, by name."""
+        fn = self if signature is None else self.signatures[signature]
+        outputs = fn(*[tf.constant(inputs[name]) for name in self.names])
         return {name: np.asarray(value) for name, value in outputs.items()}
 
     def write_saved_model(self, folder):
@@ -262,6 +297,8 @@ class _Serving:
         if isinstance(self.preprocessing, keras.layers.Layer):
             archive.track(self.preprocessing)
         archive.add_endpoint("serving_default", self, input_signature=self.specs)
+        for name, fn in self.signatures.items():
+            archive.add_endpoint(name, fn, input_signature=self.specs)
         archive.write_out(folder, verbose=False)
 
     def write_tflite(self, path, quantize, representative_data):

@@ -26,10 +26,15 @@ def load(format, artefact):
 
         loaded = tf.saved_model.load(artefact)
         serve = loaded.signatures["serving_default"]
+        others = {k: f for k, f in loaded.signatures.items() if k != "serving_default"}
 
-        def run(inputs):
-            return {name: value.numpy() for name, value in serve(**{
-                name: tf.constant(array) for name, array in inputs.items()}).items()}
+        def run(inputs, every_signature=False):
+            tensors = {name: tf.constant(array) for name, array in inputs.items()}
+            outputs = {name: value.numpy() for name, value in serve(**tensors).items()}
+            for key, signature in (others.items() if every_signature else ()):
+                outputs.update({f"signature/{key}/{name}": value.numpy()
+                                for name, value in signature(**tensors).items()})
+            return outputs
     elif format == "tflite":
         # LiteRT's maintained runtime, not the deprecated tf.lite.Interpreter.
         from ai_edge_litert.interpreter import Interpreter
@@ -103,7 +108,8 @@ def main(argv):
     run, load_seconds = load(format, artefact)
     given = dict(np.load(inputs_path))
     inputs = {name: array for name, array in given.items() if "/" not in name}
-    outputs = run(inputs)
+    # A SavedModel's extra signatures too, as "signature/<name>/<output>".
+    outputs = run(inputs, every_signature=True) if format == "saved_model" else run(inputs)
     # "validation/<input>": held-out inputs for the task metric, run as well.
     held_out = {name.split("/", 1)[1]: array for name, array in given.items()
                 if name.startswith("validation/")}

@@ -40,9 +40,15 @@ def served(path, **inputs):
 def test_a_sequential_and_a_two_input_model_round_trip_in_both_formats(tmp_path):
     x = np.random.default_rng(0).standard_normal((5, 4)).astype("float32")
     model = sequential()
-    report = export(model, tmp_path / "seq")
+    report = export(model, tmp_path / "seq",
+                    signatures={"probabilities": lambda t: tf.nn.softmax(model(t))})
     assert report.verified_in == "a fresh process"
     assert (report.inputs, report.outputs, report.batch_size) == (["features"], ["output_0"], 32)
+    assert report.signatures == ["serving_default", "probabilities"]
+    assert "signature/probabilities/output_0" in report.max_difference
+    probabilities = tf.saved_model.load(str(tmp_path / "seq")).signatures["probabilities"]
+    np.testing.assert_allclose(probabilities(features=tf.constant(x))["output_0"],
+                               tf.nn.softmax(model(x)), rtol=1e-5, atol=1e-6)
     assert report.size_bytes > 0 and report.load_seconds > 0 and report.batch_seconds > 0
     np.testing.assert_allclose(served(str(tmp_path / "seq"), features=x)["output_0"],
                                model(x), rtol=1e-5, atol=1e-6)
@@ -125,6 +131,10 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
          "`preprocessing` needs `sample`"),
         (dict(path=tmp_path / "m.keras", format="keras", preprocessing=lambda t: t,
               sample=np.zeros((2, 4), "float32")), "not a Python function"),
+        (dict(path=tmp_path / "m.keras", format="keras", signatures={"p": lambda t: t}),
+         "Extra `signatures` are a SavedModel's"),
+        (dict(path=tmp_path / "m", signatures={"serving_default": lambda t: t}),
+         "`signatures` must map names"),
     ]
     for arguments, message in cases:
         with pytest.raises(ConfigError, match=message):
