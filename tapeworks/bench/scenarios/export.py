@@ -18,7 +18,6 @@ import shutil
 import tempfile
 
 import keras
-import numpy as np
 
 from tapeworks.bench.scenarios.wallclock import _model_and_data
 from tapeworks.engine import Trainer
@@ -28,7 +27,7 @@ DESCRIPTION = ("size, load time, latency and accuracy/PSNR of each export format
                "network")
 FORMATS = [("saved_model", None), ("keras", None), ("tflite", None), ("tflite", "dynamic"),
            ("tflite", "float16"), ("tflite", "int8")]
-QUICK_FORMATS = [("saved_model", None), ("tflite", None), ("tflite", "int8")]   # for tests
+QUICK_FORMATS = [("tflite", None), ("tflite", "int8")]   # for tests: no TensorFlow to load
 
 
 def _trained(name, quick):

@@ -131,10 +131,11 @@ def run(quick=False, repeats=3):
                if os.environ.get("WALLCLOCK_LENGTHS") else LENGTHS_QUICK if quick
                else LENGTHS_FULL)
     rows, unavailable = [], []
+    sweep = SWEEP[1:2] if quick else SWEEP   # quick (the tests' smoke run): one stands for all
     with tempfile.TemporaryDirectory() as scratch:
         for model in models:
             base = {"model": model, "quick": quick}
-            best_fixed = _sweep(base, max(lengths), scratch, SWEEP[:2] if quick else SWEEP)
+            best_fixed = _sweep(base, max(lengths), scratch, sweep)
             warm = os.path.join(scratch, f"warm-{len(rows)}")
             left_out = set()
             _run_worker(dict(base, approach="tapeworks", epochs=max(lengths)), warm)
@@ -201,7 +202,7 @@ def run(quick=False, repeats=3):
                                      "of fit() alone "
                   "(Trainer creation, tracing, compiling and measuring included; imports and "
                   "data excluded). The best fixed mode comes from a sweep of "
-                  f"{SWEEP} at {max(lengths)} epochs, one process each."),
+                  f"{sweep} at {max(lengths)} epochs, one process each."),
                   "left out": "; ".join(sorted(set(unavailable))) or "nothing"},
     }
 

@@ -148,55 +148,10 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
         ExportError: the written artefact did not give the model's outputs;
             nothing is left at `path`.
     """
-    if format not in FORMATS:
-        raise ConfigError(f"`format` must be one of {', '.join(map(repr, FORMATS))}. Received: "
-                          f"format={format!r}.")
-    if quantize not in QUANTIZE or (quantize is not None and format != "tflite"):
-        raise ConfigError(
-            f"`quantize` must be one of {', '.join(map(repr, QUANTIZE))}, with format=\"tflite\". "
-            f"Received: quantize={quantize!r}, format={format!r}. Fix: format=\"tflite\", or "
-            "quantize=None.")
-    signatures = dict(signatures or {})
-    if signatures and format != "saved_model":
-        raise ConfigError(f"Extra `signatures` are a SavedModel's: format={format!r} has one "
-                          "entry point. Fix: format=\"saved_model\", or no signatures.")
-    bad = [name for name, fn in signatures.items()
-           if not isinstance(name, str) or not name.isidentifier() or name == "serving_default"
-           or not callable(fn)]
-    if bad:
-        raise ConfigError(f"`signatures` must map names (identifiers, not \"serving_default\") "
-                          f"to functions. Received: {bad!r}. Fix: "
-                          "signatures={\"probabilities\": lambda x: tf.nn.softmax(model(x))}.")
-    if quantize == "int8" and representative_data is None:
-        raise ConfigError(
-            "quantize=\"int8\" needs `representative_data`: the activations' int8 ranges are "
-            "calibrated on real inputs. Fix: representative_data=<a few hundred training "
-            "examples> (or quantize=\"dynamic\", which needs none).")
-    if not isinstance(model, keras.Model) or not model.built:
-        raise ConfigError(
-            f"`model` must be a built keras.Model. Received: {type(model).__name__}"
-            f"{'' if not isinstance(model, keras.Model) else ' (not built)'}. Fix: call the "
-            "model on a batch (or train it) before exporting.")
     path = os.fspath(path)
-    suffix = {"keras": ".keras", "tflite": ".tflite"}.get(format)
-    if suffix and not path.endswith(suffix):
-        raise ConfigError(f"A {format} artefact's path must end in \"{suffix}\". Received: "
-                          f"{path!r}. Fix: {path!r} + \"{suffix}\".")
-    if os.path.exists(path) and not overwrite:
-        raise ConfigError(f"{path!r} already exists: nothing was written. Expected a new path. "
-                          "Fix: another path, or overwrite=True (the old artefact is replaced "
-                          "only once the new one is verified).")
-    if preprocessing is not None and sample is None:
-        raise ConfigError(
-            "`preprocessing` needs `sample`: example raw inputs, which fix the shapes and dtypes "
-            "the artefact takes (its signature). Fix: export(..., preprocessing=..., "
-            "sample=<a few raw examples>).")
-    if (format == "keras" and preprocessing is not None
-            and not isinstance(preprocessing, keras.layers.Layer)):
-        raise ConfigError(
-            "A .keras archive holds Keras layers, not a Python function: the preprocessing "
-            f"given is a {type(preprocessing).__name__}. Fix: write it as Keras preprocessing "
-            "layers (keras.layers.Normalization, Rescaling, ...), or format=\"saved_model\".")
+    signatures = dict(signatures or {})
+    suffix = _check_arguments(model, path, format, preprocessing, sample, quantize,
+                              representative_data, signatures, overwrite)
     inputs = _sample_inputs(model, sample, batch_size)
     serving = _Serving(model, preprocessing, inputs, signatures)
     held_out, targets = {}, None
@@ -256,6 +211,59 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
                         inputs=list(inputs), outputs=list(reference), quantize=quantize,
                         signatures=["serving_default"] + list(signatures),
                         metric=metric.as_dict() if metric is not None else None, **measured)
+
+
+def _check_arguments(model, path, format, preprocessing, sample, quantize, representative_data,
+                     signatures, overwrite):
+    """Everything `export` refuses before writing anything; returns the artefact's suffix."""
+    if format not in FORMATS:
+        raise ConfigError(f"`format` must be one of {', '.join(map(repr, FORMATS))}. Received: "
+                          f"format={format!r}.")
+    if quantize not in QUANTIZE or (quantize is not None and format != "tflite"):
+        raise ConfigError(
+            f"`quantize` must be one of {', '.join(map(repr, QUANTIZE))}, with format=\"tflite\". "
+            f"Received: quantize={quantize!r}, format={format!r}. Fix: format=\"tflite\", or "
+            "quantize=None.")
+    if signatures and format != "saved_model":
+        raise ConfigError(f"Extra `signatures` are a SavedModel's: format={format!r} has one "
+                          "entry point. Fix: format=\"saved_model\", or no signatures.")
+    bad = [name for name, fn in signatures.items()
+           if not isinstance(name, str) or not name.isidentifier() or name == "serving_default"
+           or not callable(fn)]
+    if bad:
+        raise ConfigError(f"`signatures` must map names (identifiers, not \"serving_default\") "
+                          f"to functions. Received: {bad!r}. Fix: "
+                          "signatures={\"probabilities\": lambda x: tf.nn.softmax(model(x))}.")
+    if quantize == "int8" and representative_data is None:
+        raise ConfigError(
+            "quantize=\"int8\" needs `representative_data`: the activations' int8 ranges are "
+            "calibrated on real inputs. Fix: representative_data=<a few hundred training "
+            "examples> (or quantize=\"dynamic\", which needs none).")
+    if not isinstance(model, keras.Model) or not model.built:
+        raise ConfigError(
+            f"`model` must be a built keras.Model. Received: {type(model).__name__}"
+            f"{'' if not isinstance(model, keras.Model) else ' (not built)'}. Fix: call the "
+            "model on a batch (or train it) before exporting.")
+    suffix = {"keras": ".keras", "tflite": ".tflite"}.get(format)
+    if suffix and not path.endswith(suffix):
+        raise ConfigError(f"A {format} artefact's path must end in \"{suffix}\". Received: "
+                          f"{path!r}. Fix: {path!r} + \"{suffix}\".")
+    if os.path.exists(path) and not overwrite:
+        raise ConfigError(f"{path!r} already exists: nothing was written. Expected a new path. "
+                          "Fix: another path, or overwrite=True (the old artefact is replaced "
+                          "only once the new one is verified).")
+    if preprocessing is not None and sample is None:
+        raise ConfigError(
+            "`preprocessing` needs `sample`: example raw inputs, which fix the shapes and dtypes "
+            "the artefact takes (its signature). Fix: export(..., preprocessing=..., "
+            "sample=<a few raw examples>).")
+    if (format == "keras" and preprocessing is not None
+            and not isinstance(preprocessing, keras.layers.Layer)):
+        raise ConfigError(
+            "A .keras archive holds Keras layers, not a Python function: the preprocessing "
+            f"given is a {type(preprocessing).__name__}. Fix: write it as Keras preprocessing "
+            "layers (keras.layers.Normalization, Rescaling, ...), or format=\"saved_model\".")
+    return suffix
 
 
 class _Serving:
