@@ -147,7 +147,7 @@ def test_wallclock_scenario_quick(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "wallclock.json").read_text())
     approaches = {row["approach"] for row in report["rows"]}
-    assert len(approaches) == 5 and all(row["seconds"] > 0 for row in report["rows"])
+    assert len(approaches) == 4 and all(row["seconds"] > 0 for row in report["rows"])
     warm = next(r for r in report["rows"] if "warm" in r["approach"])
     assert warm["chose"].endswith("(cache)")
 

@@ -144,8 +144,8 @@ def run(quick=False, repeats=5):
         def setup(trainer=trainer):
             # Short settling for the quick (test) run: there "auto" keeps XLA modes
             # waiting (epochs too short to repay them), so settling would run to max_epochs.
-            return settle_trainer(trainer, dataset, long_fit_seconds=2.0 if quick else 20.0,
-                                  max_epochs=10 if quick else 60)
+            return settle_trainer(trainer, dataset, long_fit_seconds=1.0 if quick else 20.0,
+                                  max_epochs=5 if quick else 60)
 
         approaches.append(Approach(
             f"accumulate={accumulate}, micro-batch {micro}" if accumulate > 1

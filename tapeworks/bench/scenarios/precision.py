@@ -52,8 +52,8 @@ def _approaches(build, shape, batch, steps, quick=False):
         def setup(trainer=trainer):
             # Short settling for the quick (test) run: there "auto" keeps XLA modes
             # waiting (epochs too short to repay them), so settling would run to max_epochs.
-            notes = settle_trainer(trainer, dataset, long_fit_seconds=2.0 if quick else 20.0,
-                                   max_epochs=10 if quick else 60)
+            notes = settle_trainer(trainer, dataset, long_fit_seconds=1.0 if quick else 20.0,
+                                   max_epochs=5 if quick else 60)
             return dict(notes, precision=trainer.precision.policy)
 
         out.append(Approach(f"tapeworks precision={precision}",
