@@ -521,11 +521,7 @@ def _run_fresh(format, artefact, inputs, modules):
         # Classes defined in the running script: a fresh process cannot
         # import them (it would run the script). A fresh load in this
         # process still rebuilds the model from the files alone.
-        run, load_seconds = verify_lib.load(format, artefact)
-        single = {name: array[:1] for name, array in inputs.items()}
-        return {"outputs": run(inputs), "load_seconds": load_seconds,
-                "single_seconds": verify_lib.latency(run, single),
-                "batch_seconds": verify_lib.latency(run, inputs)}, (
+        return verify_lib.check(format, artefact, inputs), (
             "this process (a fresh load; its custom classes are defined in __main__, which a "
             "fresh process cannot import)")
     with tempfile.TemporaryDirectory(prefix="tapeworks-verify-") as scratch:

@@ -105,21 +105,28 @@ def main(argv):
 
     for module in modules:
         importlib.import_module(module)
+    result = check(format, artefact, dict(np.load(inputs_path)))
+    np.savez(outputs_path, **result.pop("outputs"))
+    print(json.dumps(result))
+
+
+def check(format, artefact, given):
+    """Loads the artefact, runs `given` through it, times it: {"outputs", timings}.
+
+    `given` holds the inputs by name, and held-out inputs as "validation/<name>"
+    (their outputs come back as "validation/<output>").
+    """
     run, load_seconds = load(format, artefact)
-    given = dict(np.load(inputs_path))
     inputs = {name: array for name, array in given.items() if "/" not in name}
     # A SavedModel's extra signatures too, as "signature/<name>/<output>".
     outputs = run(inputs, every_signature=True) if format == "saved_model" else run(inputs)
-    # "validation/<input>": held-out inputs for the task metric, run as well.
     held_out = {name.split("/", 1)[1]: array for name, array in given.items()
                 if name.startswith("validation/")}
     if held_out:
         outputs.update({f"validation/{name}": value for name, value in run(held_out).items()})
-    np.savez(outputs_path, **outputs)
     single = {name: array[:1] for name, array in inputs.items()}
-    print(json.dumps({"load_seconds": load_seconds,
-                      "single_seconds": latency(run, single),
-                      "batch_seconds": latency(run, inputs)}))
+    return {"outputs": outputs, "load_seconds": load_seconds,
+            "single_seconds": latency(run, single), "batch_seconds": latency(run, inputs)}
 
 
 if __name__ == "__main__":
