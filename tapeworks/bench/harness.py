@@ -34,7 +34,7 @@ SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
                                  _scenario("lint"), _scenario("autotune"),
                                  _scenario("wallclock"), _scenario("diagnose"),
                                  _scenario("bugs"), _scenario("checkpoint"),
-                                 _scenario("export"))}
+                                 _scenario("export"), _scenario("prune"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
@@ -85,8 +85,9 @@ def to_markdown(result):
     machine = result["machine"]
     lines += [f"Run {result['when']} on {machine['cpu_count']} CPU(s) ({machine['processor']}), "
               f"GPUs: {machine['gpus'] or 'none'}, TensorFlow {machine['tensorflow']}. "
-              f"Median of {result['repeats_per_approach']} alternating timed repeats per "
-              "approach after a warm-up; ratios are within this one run.", ""]
+              + result.get("method", f"Median of {result['repeats_per_approach']} alternating "
+                                     "timed repeats per approach after a warm-up; ratios are "
+                                     "within this one run."), ""]
     for fact, value in result.get("facts", {}).items():
         lines.append(f"- {fact}: {_format(value)}")
     lines += ["", "| " + " | ".join(title for _, title in columns) + " |",

@@ -141,6 +141,10 @@ def fingerprint(trainer, batch_size):
         "precision": trainer.precision.policy,
         "accumulate": trainer.accumulate,
         "clip": [trainer.clip_norm is not None, trainer.clip_value is not None],
+        # Pruning adds work after each update (a mask per kernel, and a cond).
+        "pruning": (None if trainer.pruning is None else
+                    [trainer.pruning.scope, trainer.pruning.structure,
+                     [layer.name for layer in trainer.pruning.layers]]),
         "settings": [str(trainer._jit_setting), str(trainer._steps_setting),
                      trainer.capture_every, trainer.run_eagerly, trainer.deterministic],
         "device": _device(),

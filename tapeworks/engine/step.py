@@ -44,6 +44,30 @@ class StepHooks:
     def on_gradients(self, grads_and_vars):
         return grads_and_vars
 
+    def after_update(self, variables):
+        """After the optimizer applied an update to `variables` (not after a skip)."""
+
+
+class ChainedHooks(StepHooks):
+    """Several hooks in order: each sees what the one before returned."""
+
+    def __init__(self, *hooks):
+        self.hooks = hooks
+
+    def on_loss(self, loss):
+        for hook in self.hooks:
+            loss = hook.on_loss(loss)
+        return loss
+
+    def on_gradients(self, grads_and_vars):
+        for hook in self.hooks:
+            grads_and_vars = hook.on_gradients(grads_and_vars)
+        return grads_and_vars
+
+    def after_update(self, variables):
+        for hook in self.hooks:
+            hook.after_update(variables)
+
 
 class UpdateState(tf.Module):
     """Gradient accumulation state, in variables (optax's `MultiSteps`, as a tf.Module).
@@ -211,7 +235,13 @@ class Updater:
         if self.fuse_update:
             self._fused_apply(grads_and_vars)
         else:
-            self.optimizer.apply_gradients(grads_and_vars)
+            self._optimizer_apply(grads_and_vars)
+
+    def _optimizer_apply(self, grads_and_vars):
+        """The optimizer's update, then the hooks that act on the updated weights (pruning)."""
+        grads_and_vars = list(grads_and_vars)
+        self.optimizer.apply_gradients(grads_and_vars)
+        self.hooks.after_update([v for _, v in grads_and_vars])
 
     def _fused_apply(self, grads_and_vars, finite=None):
         """The optimizer update alone, compiled by XLA (`jit_compile="update"`).
@@ -225,7 +255,7 @@ class Updater:
         key = (tuple(id(v) for v in variables), finite is None)
         if key not in self._fused:
             def update(grads):
-                self.optimizer.apply_gradients(zip(grads, variables))
+                self._optimizer_apply(zip(grads, variables))
 
             def guarded(grads, ok):
                 def apply():

@@ -120,6 +120,10 @@ class Trainer:
             gradient histograms when its `histogram_freq` > 0), and warn when
             a layer's gradient norm explodes (100x its running median) or
             vanishes (1/100). Steps per call are capped at this number.
+        pruning: a `tapeworks.prune.Pruning`: magnitude pruning of the
+            kernels it selects, its masks in variables (in
+            `trainer.checkpoint`), applied in the compiled step after every
+            update; `sparsity` and `sparsity/<layer>` in the epoch logs.
 
     Accumulation: the update is the gradient of the mean loss over every
     sample of the window (micro-batches weighted by their size), which equals
@@ -156,7 +160,7 @@ class Trainer:
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
                  check_data=True, diagnose_input=False, deterministic=False, plan_cache=None,
                  on_nonfinite="raise", nonfinite_dir=None, fine_tune_in_inference_mode=False,
-                 dead_gradient_steps=50, monitor_every=None):
+                 dead_gradient_steps=50, monitor_every=None, pruning=None):
         _check_one_replica(tf.distribute.get_strategy())
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
@@ -267,6 +271,13 @@ class Trainer:
         self._loops = {}
         self.traces = collections.Counter()
         self.hooks = step.StepHooks()
+        from tapeworks.prune import Pruning
+
+        if pruning is not None and not isinstance(pruning, Pruning):
+            raise ConfigError(
+                f"`pruning` must be None or a tapeworks.prune.Pruning. Received: "
+                f"{type(pruning).__name__}. Fix: pruning=tapeworks.prune.Pruning(schedule).")
+        self.pruning = pruning
         self._strategy = tf.distribute.get_strategy()
         self._built = False
         self._announced = None    # the choice last announced (and stored)
@@ -569,6 +580,8 @@ class Trainer:
                 self._planner.limit_steps(max(1, steps_known // 2))
             epoch_logs = dict(logs)
             epoch_logs.update(self._monitor_report.logs())
+            if self.pruning is not None:
+                epoch_logs.update(self.pruning.sparsity())
             if self.diagnose_input_after_first_epoch and epoch == initial_epoch:
                 self.input_report = self.diagnose_input(train.dataset)
                 if verbose:
@@ -601,6 +614,8 @@ class Trainer:
             # weights here, as Keras' fit does.
             for update in self.task.updates:
                 update.optimizer.finalize_variable_values(update.variables())
+            if self.pruning is not None:
+                self.pruning.apply_masks()   # the averages of pruned weights are not zero
         finished = max(epochs, initial_epoch)
         if resumer is not None and resumer.last_position != (finished, 0):
             # The end of the run is saved too: running the command again
@@ -1262,6 +1277,8 @@ class Trainer:
         parts["random_states"] = [v for m in self.task.models for v in m.variables
                                   if id(v) not in weights]
         parts["task_random"] = self.task.random
+        if self.pruning is not None:
+            parts["pruning"] = self.pruning
         return tf.train.Checkpoint(precision=self.precision, counters=self.counters, **parts)
 
     def build_state(self, x=None, y=None, batch_size=None, sample_weight=None):
@@ -1440,6 +1457,9 @@ class Trainer:
                 update.optimizer.build(variables)
                 self.states.append(step.UpdateState(variables, self.accumulate))
             self.counters = task_lib.Counters()
+            if self.pruning is not None:
+                self.pruning.build(self.task.models,
+                                   {id(v) for u in self.task.updates for v in u.variables()})
             self._guard = nonfinite_lib.NonFiniteGuard(self.on_nonfinite)
             if self.monitor_every:
                 self._monitors = [monitor_lib.GradientMonitor(u.variables())
@@ -1508,7 +1528,8 @@ class Trainer:
                 step.Updater(update.optimizer, self.precision, state, update.variables(),
                              clip_norm=self.clip_norm, clip_value=self.clip_value,
                              allow_missing_gradients=self.allow_missing_gradients,
-                             hooks=self.hooks,
+                             hooks=(self.hooks if self.pruning is None
+                                    else step.ChainedHooks(self.hooks, self.pruning)),
                              fuse_update=mode == "update" and not self.run_eagerly,
                              guard=self._guard,
                              dead=self._dead[index] if self._dead else None,

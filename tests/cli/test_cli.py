@@ -89,7 +89,7 @@ def test_bench_list():
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose", "bugs", "checkpoint", "export"]
+        "diagnose", "bugs", "checkpoint", "export", "prune"]
 
 
 @pytest.mark.slow
@@ -104,6 +104,23 @@ def test_export_bench_quick(tmp_path):
     assert rows["tflite int8"]["vs_float_size"] < 1
     assert "digits int8 vs float32" in report["facts"]
     assert (tmp_path / "export.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_prune_bench_quick_compresses_the_pruned_file(tmp_path):
+    result = tapeworks("bench", "prune", "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "prune.json").read_text())
+    rows = {row["variant"]: row for row in report["rows"]}
+    assert sorted(rows) == ["80% magnitude", "dense"]
+    # Each kernel has round(0.8 n) zeros: 115 of the first conv's 144, so a hair under 80%.
+    assert rows["dense"]["sparsity"] == 0
+    assert rows["80% magnitude"]["sparsity"] == pytest.approx(80, abs=0.1)
+    # Same file size (zeros are stored), smaller once compressed.
+    assert rows["80% magnitude"]["size_kib"] == pytest.approx(rows["dense"]["size_kib"], rel=0.01)
+    assert rows["80% magnitude"]["vs_dense_gzip"] < 0.5
+    assert "Nothing is timed" in (tmp_path / "prune.md").read_text()
 
 
 @pytest.mark.slow
