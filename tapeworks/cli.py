@@ -220,6 +220,61 @@ def _export(args):
     return 0
 
 
+def _serve(args):
+    _quiet_tensorflow()
+    from tapeworks.serve import server
+
+    return server.run(args)
+
+
+def _registry(args):
+    from tapeworks.deploy.registry import Registry, RegistryError
+
+    registry = Registry(args.root)
+    try:
+        if args.action == "publish":
+            _quiet_tensorflow()
+            metrics = json.loads(args.metrics) if args.metrics else None
+            info = registry.publish(args.name, args.path, label=args.label, metrics=metrics,
+                                    checkpoint=args.checkpoint, promote=args.promote)
+            print(f"published {info.name} version {info.version}"
+                  + (f" ({info.label})" if info.label else "")
+                  + (" and made it current" if args.promote else "")
+                  + f": {info.path} (sha256 {info.sha256[:12]})")
+        elif args.action == "list":
+            rows = [{"name": n, "current": registry.current(n),
+                     "versions": [v.version for v in registry.versions(n)]}
+                    for n in registry.models()]
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            for row in [] if args.json else rows:
+                print(f"{row['name']}: current {row['current']}, versions {row['versions']}")
+            if not rows and not args.json:
+                print(f"no models in {registry.root}")
+        elif args.action == "show":
+            info = registry.show(args.name, args.version)
+            print(json.dumps(dict(info.to_json(), version=info.version, path=info.path,
+                                  current=registry.current(args.name) == info.version),
+                             indent=1))
+        elif args.action == "promote":
+            before = registry.promote(args.name, args.version)
+            print(f"{args.name}: current {before} -> {args.version}")
+        elif args.action == "rollback":
+            before = registry.current(args.name)
+            after = registry.rollback(args.name)
+            print(f"{args.name}: current {before} -> {after} (rolled back)")
+        elif args.action == "history":
+            for event in registry.history(args.name):
+                print(json.dumps(event))
+        elif args.action == "gc":
+            removed = registry.gc(args.name, args.keep)
+            print(f"{args.name}: removed versions {removed or 'none'}")
+    except (RegistryError, ValueError) as error:
+        print(f"tapeworks registry {args.action}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _launch(args):
     # No TensorFlow here: the workers import it, the launcher only starts them.
     from tapeworks import launch
@@ -328,6 +383,52 @@ def build_parser():
     export.add_argument("--overwrite", action="store_true",
                         help="replace an artefact at PATH once the new one is verified")
     export.set_defaults(run=_export)
+
+    serve = verbs.add_parser(
+        "serve", help="serve SavedModels over TensorFlow Serving's REST API (hot reload, "
+                      "dynamic batching)",
+        description="Serve a tapeworks registry (or a folder of TF Serving model folders, or "
+                    "TF Serving's --model_base_path / --model_config_file) over TensorFlow "
+                    "Serving's REST API, with hot reload when `current` moves and dynamic "
+                    "batching across concurrent requests. TF Serving's flags are accepted.")
+    from tapeworks.serve import server as serve_server
+
+    serve_server.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+    registry = verbs.add_parser(
+        "registry", help="publish, promote and roll back model versions (TF Serving's layout)",
+        description="A versioned registry of SavedModels in TensorFlow Serving's layout "
+                    "(ROOT/NAME/VERSION/), with atomic publish, promote, rollback and gc, and "
+                    "a models.config that pins each model's current version for a real TF "
+                    "Serving. The root is --root, or $TAPEWORKS_REGISTRY, or ./models.")
+    registry.add_argument("--root", default=os.environ.get("TAPEWORKS_REGISTRY", "models"),
+                          help="the registry folder (default: $TAPEWORKS_REGISTRY or ./models)")
+    actions = registry.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    publish = actions.add_parser("publish", help="copy a SavedModel in as the next version")
+    publish.add_argument("name")
+    publish.add_argument("path", help="a SavedModel folder (tapeworks export writes one)")
+    publish.add_argument("--label", help="a human label, e.g. v1.2")
+    publish.add_argument("--metrics", help="training metrics as JSON, e.g. '{\"accuracy\": 0.95}'")
+    publish.add_argument("--checkpoint", help="the checkpoint it came from")
+    publish.add_argument("--promote", action="store_true", help="also make it current")
+    listing = actions.add_parser("list", help="models, their versions and current version")
+    listing.add_argument("--json", action="store_true")
+    show = actions.add_parser("show", help="one version's metadata (default: current)")
+    show.add_argument("name")
+    show.add_argument("version", nargs="?", type=int)
+    promote = actions.add_parser("promote", help="make a version current")
+    promote.add_argument("name")
+    promote.add_argument("version", type=int)
+    rollback = actions.add_parser("rollback", help="back to the previous current version")
+    rollback.add_argument("name")
+    history = actions.add_parser("history", help="publishes, promotions and rollbacks")
+    history.add_argument("name")
+    gc = actions.add_parser("gc", help="remove old versions (never current or previous)")
+    gc.add_argument("name")
+    gc.add_argument("--keep", type=int, required=True, help="newest versions to keep")
+    registry.set_defaults(run=_registry)
 
     launch = verbs.add_parser(
         "launch", help="run N local workers of a multi-worker script, each with its TF_CONFIG",

@@ -1,4 +1,5 @@
-"""From a trained model to a verified artefact: `export` (SavedModel, .keras, LiteRT).
+"""From a trained model to a verified artefact: `export` (SavedModel, .keras, LiteRT), and
+the versioned `Registry` that TensorFlow Serving (and `tapeworks serve`) serves from.
 
 Names are imported on first use (PEP 562), as in the top package: the checking
 process (`python -m tapeworks.deploy.verify`) then imports only what its
@@ -8,7 +9,9 @@ format needs (a LiteRT model needs neither TensorFlow nor Keras).
 import importlib
 
 _EXPORTS = {"FORMATS": "tapeworks.deploy.artefact", "ExportError": "tapeworks.deploy.artefact",
-            "ExportReport": "tapeworks.deploy.artefact", "export": "tapeworks.deploy.artefact"}
+            "ExportReport": "tapeworks.deploy.artefact", "export": "tapeworks.deploy.artefact",
+            "Registry": "tapeworks.deploy.registry", "RegistryError": "tapeworks.deploy.registry",
+            "VersionInfo": "tapeworks.deploy.registry"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -89,7 +89,7 @@ def test_bench_list():
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose", "bugs", "checkpoint", "export", "prune"]
+        "diagnose", "bugs", "checkpoint", "export", "prune", "serve"]
 
 
 @pytest.mark.slow
@@ -104,6 +104,20 @@ def test_export_bench_quick(tmp_path):
     assert rows["tflite int8"]["vs_float_size"] < 1
     assert "digits int8 vs float32" in report["facts"]
     assert (tmp_path / "export.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_serve_bench_quick_loads_both_servers(tmp_path):
+    result = tapeworks("bench", "serve", "--quick", "--repeats", "3", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "serve.json").read_text())
+    rows = {row["batching"]: row for row in report["rows"]}
+    assert sorted(rows) == ["off", "on (max 32, 2 ms)"]
+    assert all(r["errors"] == 0 and r["requests_per_s"] > 0 and len(r["repeats"]) == 3
+               for r in rows.values())
+    assert rows["off"]["vs_unbatched"] == 1.0
+    assert (tmp_path / "serve.png").exists()
 
 
 @pytest.mark.slow

@@ -26,7 +26,8 @@ def data(n=128):
 
 def model():
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(25, activation="relu", name="hidden"),
+    return keras.Sequential([keras.Input((16,)),
+                             keras.layers.Dense(25, activation="relu", name="hidden"),
                              keras.layers.Dense(10, name="out")])
 
 

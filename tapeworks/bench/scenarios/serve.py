@@ -1,0 +1,199 @@
+"""Scenario `serve`: `tapeworks serve` throughput and latency, dynamic batching on and off.
+
+Two servers run side by side on loopback, one with dynamic batching
+(`--max-batch-size 32 --batch-timeout-ms 2`) and one without
+(`--max-batch-size 0`), both serving the same SavedModels exported by
+`tapeworks.deploy.export`: the bench's small MLP (32-64-64-10, one row of 32
+floats per request) and the demo's super-resolution network (one 24x24
+low-resolution patch per request). For 1, 8 and 64 concurrent clients (threads
+of this process, each on its own keep-alive HTTP connection, sending TF
+Serving's row format one request after another), each server is loaded for
+`WINDOW` seconds, the two alternating, `--repeats` times; the table has the
+median throughput and the median p50/p99 latency over the repeats.
+
+On this 2-core machine the clients, the server's event loop and TensorFlow
+share the same two cores, so the numbers bound what one small machine does,
+not what the server does alone: say so in the report. Target (issue 16):
+batching at least 3x the unbatched throughput at 64 clients for the MLP, with
+p99 under 50 ms.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+DESCRIPTION = ("tapeworks serve: requests/s and p50/p99 latency at 1, 8 and 64 clients, dynamic "
+               "batching on and off, small MLP and the demo network")
+WINDOW, QUICK_WINDOW = 4.0, 0.7
+CLIENTS, QUICK_CLIENTS = (1, 8, 64), (8,)
+
+
+def _export_models(root, quick):
+    import keras
+
+    from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, build_mlp
+    from tapeworks.demo import superres
+    from tapeworks.deploy import Registry, export
+
+    registry = Registry(root)
+    size = (QUICK_SIZES if quick else SIZES)[0]
+    mlp = build_mlp(size.widths)
+    mlp_row = np.random.default_rng(0).normal(size=(1, size.widths[0])).astype("float32")
+    models = {"small MLP": (mlp, mlp_row)}
+    if not quick:
+        keras.utils.set_random_seed(0)
+        patch = np.random.default_rng(0).random((1, 24, 24, 1)).astype("float32")
+        models["super-resolution"] = (superres.build_model(16), patch)
+    bodies = {}
+    for label, (model, row) in models.items():
+        name = label.replace(" ", "_").replace("-", "_")
+        path = os.path.join(root, "exported", name)
+        export(model, path, sample=np.repeat(row, 8, axis=0))
+        registry.publish(name, path, promote=True)
+        bodies[label] = (name, json.dumps({"instances": row.tolist()}).encode())
+    return bodies
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(root, batch):
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tapeworks.cli", "serve", root, "--port", str(port),
+         "--max-batch-size", str(batch), "--max-queue", "1024"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return process, port
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("tapeworks serve did not start")
+        time.sleep(0.2)
+
+
+def _load(port, name, body, clients, seconds):
+    """(requests/s, p50 ms, p99 ms, errors) of `clients` threads for `seconds`."""
+    latencies, errors = [], []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def client():
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        mine, failed = [], 0
+        while not stop.is_set():
+            started = time.perf_counter()
+            connection.request("POST", f"/v1/models/{name}:predict", body,
+                               {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            if response.status == 200:
+                mine.append(time.perf_counter() - started)
+            else:
+                failed += 1
+        connection.close()
+        with lock:
+            latencies.extend(mine)
+            errors.append(failed)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    lat = np.array(latencies) * 1e3
+    return (len(latencies) / elapsed, float(np.percentile(lat, 50)) if len(lat) else None,
+            float(np.percentile(lat, 99)) if len(lat) else None, sum(errors))
+
+
+def run(quick=False, repeats=3):
+    window = QUICK_WINDOW if quick else WINDOW
+    scratch = tempfile.mkdtemp(prefix="tapeworks-bench-serve-")
+    servers = []
+    try:
+        bodies = _export_models(os.path.join(scratch, "registry"), quick)
+        for batch in (0, 32):
+            servers.append((batch, *_start(os.path.join(scratch, "registry"), batch)))
+        rows = []
+        for label, (name, body) in bodies.items():
+            for _, _, port in servers:   # warm-up: connections, caches, the batchers' tasks
+                _load(port, name, body, 8, 0.3)
+            for clients in (QUICK_CLIENTS if quick else CLIENTS):
+                measured = {0: [], 32: []}
+                for _ in range(repeats):
+                    for batch, _, port in servers:   # alternating
+                        measured[batch].append(_load(port, name, body, clients, window))
+                unbatched = statistics.median(r[0] for r in measured[0])
+                for batch in (0, 32):
+                    results = measured[batch]
+                    throughput = statistics.median(r[0] for r in results)
+                    rows.append({
+                        "model": label, "clients": clients,
+                        "panel": f"{label}, {clients} client{'s' if clients > 1 else ''}",
+                        "batching": "on (max 32, 2 ms)" if batch else "off",
+                        "requests_per_s": throughput,
+                        "p50_ms": statistics.median(r[1] for r in results),
+                        "p99_ms": statistics.median(r[2] for r in results),
+                        "vs_unbatched": throughput / unbatched,
+                        "errors": sum(r[3] for r in results),
+                        "repeats": [r[0] for r in results],
+                    })
+    finally:
+        for _, process, _ in servers:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+    facts = {
+        "target": "MLP at 64 clients: batching at least 3x the unbatched throughput, p99 "
+                  "under 50 ms",
+        "method": f"{window:g} s of load per window; each repeat loads the unbatched and the "
+                  "batched server in turn; medians over the repeats",
+        "bound": "clients (Python threads, keep-alive HTTP/1.1), the server's event loop and "
+                 "TensorFlow share this machine's cores: a request costs the server its HTTP "
+                 "and JSON work whatever the batching, so batching can only remove the "
+                 "per-call TensorFlow overhead",
+    }
+    target = [r for r in rows if r["model"] == "small MLP" and r["clients"] == 64
+              and r["batching"] != "off"]
+    if target:
+        facts["MLP, 64 clients, batching"] = (
+            f"{target[0]['vs_unbatched']:.2f}x the unbatched throughput, p99 "
+            f"{target[0]['p99_ms']:.1f} ms")
+    return {
+        "columns": [("model", "model"), ("clients", "clients"), ("batching", "batching"),
+                    ("requests_per_s", "requests/s"), ("p50_ms", "p50 ms"),
+                    ("p99_ms", "p99 ms"), ("vs_unbatched", "x unbatched"),
+                    ("errors", "non-200")],
+        "rows": rows,
+        "facts": facts,
+        "chart": {"group": "panel", "bar": "batching", "value": "vs_unbatched",
+                  "label": "throughput, x the unbatched server's"},
+    }

@@ -1,0 +1,441 @@
+"""A versioned model registry in TensorFlow Serving's own layout, with atomic promote and rollback.
+
+Layout (a real TensorFlow Serving pointed at ROOT/models.config serves it):
+
+    ROOT/models.config                   TF Serving's model config: each model pinned to `current`
+    ROOT/<name>/<version>/               a SavedModel (integer folder names, as TF Serving reads)
+    ROOT/<name>/<version>/tapeworks-version.json   label, time, metrics, checkpoint,
+                                         signatures, content hash (TF Serving ignores it)
+    ROOT/<name>/.tapeworks/model.json    `current`, the stack of previous currents, the history
+    ROOT/.tapeworks.lock                 held (flock) while a version number is taken or a
+                                         pointer moves
+
+Every change is a rename of something complete: a version is copied into
+`ROOT/<name>/.tapeworks/incoming-*`, fsynced, hashed against its source and
+loaded before it is renamed to the next integer; `model.json` and
+`models.config` are written to a temporary file, fsynced and renamed. A
+process killed at any moment leaves either no new version or a whole one
+(an abandoned `incoming-*` folder is removed by `gc`). Concurrent
+publishers take distinct numbers under the lock; the slow part (copy, hash,
+load) runs outside it.
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+
+from tapeworks.errors import TapeworksError
+
+VERSION_FILE = "tapeworks-version.json"
+META_DIR = ".tapeworks"
+CONFIG_FILE = "models.config"
+# TF Serving's model names appear in URLs (/v1/models/NAME); a name is one
+# path component, never "." or "..".
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class RegistryError(TapeworksError, ValueError):
+    """A registry operation was refused; nothing was changed."""
+
+
+@dataclasses.dataclass
+class VersionInfo:
+    name: str
+    version: int
+    path: str
+    label: str = None
+    created: str = None
+    metrics: dict = None
+    checkpoint: str = None
+    signatures: dict = None   # signature name -> {"inputs": {...}, "outputs": {...}}
+    sha256: str = None
+    source: str = None
+
+    def to_json(self):
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("name", "path")}
+
+
+def check_name(name, what="model name"):
+    if not isinstance(name, str) or not NAME.match(name) or name in (".", ".."):
+        raise RegistryError(
+            f"Invalid {what} {name!r}. Expected letters, digits, '_', '-' or '.', starting "
+            "with a letter or digit, at most 128 characters (no '/', no '..': a name is one "
+            "folder under the registry root). Fix: rename it, e.g. 'digits_cnn'.")
+    return name
+
+
+def version_folders(model_dir):
+    """{version: folder name} of the integer-named folders, read as TF Serving does ("007": 7)."""
+    found = {}
+    try:
+        entries = os.listdir(model_dir)
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+            found.setdefault(int(entry), entry)
+    return found
+
+
+def content_hash(folder, skip=(VERSION_FILE,)):
+    """sha256 over the relative paths and bytes of every file under `folder` (sorted)."""
+    digest = hashlib.sha256()
+    for base, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(base, name)
+            relative = os.path.relpath(path, folder)
+            if relative in skip:
+                continue
+            digest.update(relative.replace(os.sep, "/").encode() + b"\0")
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _fsync_tree(folder):
+    for base, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(base, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(base)
+
+
+def _fsync_dir(folder):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path, text):
+    """Writes `text` to a temporary file beside `path`, fsyncs, renames over `path`."""
+    folder = os.path.dirname(path) or "."
+    fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+        _fsync_dir(folder)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def signatures_of(folder):
+    """Loads the SavedModel at `folder` (raises if it does not load); its signatures' specs."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(folder)
+    described = {}
+    for key, function in loaded.signatures.items():
+        inputs = function.structured_input_signature[1]
+        described[key] = {
+            "inputs": {k: {"dtype": s.dtype.name, "shape": s.shape.as_list()}
+                       for k, s in sorted(inputs.items())},
+            "outputs": {k: {"dtype": s.dtype.name, "shape": s.shape.as_list()}
+                        for k, s in sorted(function.structured_outputs.items())},
+        }
+    return described
+
+
+class Registry:
+    """The registry at `root` (created on first publish).
+
+    Example:
+        ```python
+        registry = tapeworks.deploy.Registry("models")
+        v = registry.publish("digits", "exported/digits", label="v1.2",
+                             metrics={"accuracy": 0.95}, promote=True)
+        registry.rollback("digits")   # back to the version current before
+        ```
+    """
+
+    def __init__(self, root):
+        self.root = os.path.abspath(os.fspath(root))
+
+    # Paths and locking -----------------------------------------------------
+
+    def _model_dir(self, name):
+        return os.path.join(self.root, check_name(name))
+
+    def _meta_dir(self, name):
+        return os.path.join(self._model_dir(name), META_DIR)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        os.makedirs(self.root, exist_ok=True)
+        with open(os.path.join(self.root, ".tapeworks.lock"), "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _state(self, name):
+        path = os.path.join(self._meta_dir(name), "model.json")
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {"current": None, "previous": [], "history": []}
+
+    def _write_state(self, name, state):
+        os.makedirs(self._meta_dir(name), exist_ok=True)
+        write_atomically(os.path.join(self._meta_dir(name), "model.json"),
+                         json.dumps(state, indent=2))
+
+    # Reading ---------------------------------------------------------------
+
+    def models(self):
+        """The model names under the root, sorted."""
+        try:
+            entries = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        return [e for e in entries if NAME.match(e) and os.path.isdir(os.path.join(self.root, e))
+                and version_folders(os.path.join(self.root, e))]
+
+    def versions(self, name):
+        """Every published version of `name`, oldest first."""
+        model_dir = self._model_dir(name)
+        return [self._info(name, version, os.path.join(model_dir, folder))
+                for version, folder in sorted(version_folders(model_dir).items())]
+
+    def _info(self, name, version, path):
+        try:
+            with open(os.path.join(path, VERSION_FILE)) as f:
+                recorded = json.load(f)
+        except (FileNotFoundError, json.JSONDecodeError):
+            recorded = {}   # a version TF Serving's way: a bare SavedModel folder
+        recorded.pop("version", None)
+        fields = {f.name for f in dataclasses.fields(VersionInfo)}
+        return VersionInfo(name=name, version=version, path=path,
+                           **{k: v for k, v in recorded.items() if k in fields})
+
+    def show(self, name, version=None):
+        """One version's information (default: the current one)."""
+        state = self._state(name)
+        version = state["current"] if version is None else int(version)
+        for info in self.versions(name):
+            if info.version == version:
+                return info
+        raise RegistryError(self._missing(name, version))
+
+    def current(self, name):
+        return self._state(name)["current"]
+
+    def history(self, name):
+        return list(self._state(name)["history"])
+
+    def _missing(self, name, version):
+        have = [v.version for v in self.versions(name)]
+        if not have:
+            return (f"No model {name!r} (no version of it) in the registry at {self.root}. "
+                    f"Expected one of: {self.models()}. Fix: `publish` it first.")
+        return (f"Model {name!r} has no version {version}. Expected one of: {have}.")
+
+    # Writing ---------------------------------------------------------------
+
+    def publish(self, name, source, *, label=None, metrics=None, checkpoint=None,
+                promote=False, sample=None):
+        """Copies a SavedModel in as the next integer version; returns its `VersionInfo`.
+
+        `source`: a SavedModel folder (e.g. what `tapeworks.deploy.export`
+        wrote), or a Keras model, exported and verified first. The copy is
+        hashed against the source and loaded before it becomes visible; a
+        copy that differs or does not load is never published. With
+        `promote=True` it also becomes `current`.
+        """
+        check_name(name)
+        if metrics is not None and not isinstance(metrics, dict):
+            raise RegistryError(f"`metrics` must be a dict of name -> number. Received: "
+                                f"{type(metrics).__name__}.")
+        meta_dir = self._meta_dir(name)
+        os.makedirs(meta_dir, exist_ok=True)
+        incoming = tempfile.mkdtemp(prefix=f"incoming-{os.getpid()}-", dir=meta_dir)
+        try:
+            copy = os.path.join(incoming, "version")
+            source_path = self._source_into(source, copy, incoming, sample)
+            expected = content_hash(source_path) if source_path else None
+            digest = content_hash(copy)
+            if expected is not None and digest != expected:
+                raise RegistryError(
+                    f"The copy of {source_path} differs from it (content hash {digest[:12]} "
+                    f"against {expected[:12]}): the source changed while it was copied. "
+                    "Nothing was published. Fix: publish again once it is written.")
+            try:
+                signatures = signatures_of(copy)
+            except Exception as error:   # noqa: BLE001 - any load failure refuses it
+                raise RegistryError(
+                    f"{source_path or 'the exported model'} is not a SavedModel that loads "
+                    f"({type(error).__name__}: {str(error).splitlines()[0][:300]}). Nothing was "
+                    "published. Fix: publish a folder written by tapeworks.deploy.export or "
+                    "tf.saved_model.save.") from None
+            info = VersionInfo(
+                name=name, version=0, path="", label=label,
+                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                metrics=metrics, checkpoint=None if checkpoint is None else str(checkpoint),
+                signatures=signatures, sha256=digest,
+                source=source_path and os.path.abspath(source_path))
+            with self._locked():
+                existing = version_folders(self._model_dir(name))
+                info.version = max(existing, default=0) + 1
+                info.path = os.path.join(self._model_dir(name), str(info.version))
+                with open(os.path.join(copy, VERSION_FILE), "w") as f:
+                    json.dump(dict(info.to_json(), version=info.version), f, indent=2)
+                _fsync_tree(copy)
+                os.rename(copy, info.path)
+                _fsync_dir(self._model_dir(name))
+                state = self._state(name)
+                state["history"].append(self._event("publish", None, info.version, label))
+                if promote:
+                    self._move(name, state, info.version, "promote")
+                self._write_state(name, state)
+                self._write_serving_config()
+            return info
+        finally:
+            shutil.rmtree(incoming, ignore_errors=True)
+
+    def _source_into(self, source, copy, scratch, sample):
+        """Puts the SavedModel to publish at `copy`; returns its source folder (None: exported)."""
+        import keras
+
+        if isinstance(source, keras.Model):
+            from tapeworks.deploy import export
+
+            export(source, copy, format="saved_model", sample=sample)
+            return None
+        source = os.fspath(source)
+        if not os.path.isfile(os.path.join(source, "saved_model.pb")):
+            raise RegistryError(
+                f"{source} is not a SavedModel folder (no saved_model.pb in it). Expected what "
+                "tapeworks.deploy.export(model, path) or tf.saved_model.save writes. Fix: "
+                "export the model first, or pass the keras.Model itself.")
+        shutil.copytree(source, copy, ignore=shutil.ignore_patterns(VERSION_FILE))
+        return source
+
+    def promote(self, name, version):
+        """Makes `version` current (TF Serving's config follows); returns the previous current."""
+        version = int(version)
+        with self._locked():
+            if version not in version_folders(self._model_dir(name)):
+                raise RegistryError(self._missing(name, version))
+            state = self._state(name)
+            before = state["current"]
+            if before != version:
+                self._move(name, state, version, "promote")
+                self._write_state(name, state)
+                self._write_serving_config()
+            return before
+
+    def rollback(self, name):
+        """Moves `current` back to the version that was current before it; returns that version."""
+        with self._locked():
+            state = self._state(name)
+            present = version_folders(self._model_dir(name))
+            while state["previous"] and state["previous"][-1] not in present:
+                state["previous"].pop()   # removed by hand since: not a place to go back to
+            if not state["previous"]:
+                raise RegistryError(
+                    f"Model {name!r} has no previous current version to roll back to (current: "
+                    f"{state['current']}). Fix: `promote` the version you want instead.")
+            target = state["previous"].pop()
+            state["history"].append(self._event("rollback", state["current"], target))
+            state["current"] = target
+            self._write_state(name, state)
+            self._write_serving_config()
+            return target
+
+    def _move(self, name, state, version, action):
+        if state["current"] is not None:
+            state["previous"].append(state["current"])
+        state["history"].append(self._event(action, state["current"], version))
+        state["current"] = version
+
+    @staticmethod
+    def _event(action, before, after, label=None):
+        event = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "action": action, "from": before, "to": after}
+        if label:
+            event["label"] = label
+        return event
+
+    def gc(self, name, keep):
+        """Removes all but the newest `keep` versions, never the current or the previous one.
+
+        Returns the removed version numbers. Abandoned `incoming-*` folders
+        of publishers that died are removed too.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise RegistryError(f"`keep` must be an integer >= 1. Received: keep={keep!r}")
+        removed = []
+        with self._locked():
+            model_dir = self._model_dir(name)
+            state = self._state(name)
+            folders = version_folders(model_dir)
+            protected = set(sorted(folders)[-keep:])
+            # The previous version: where a rollback goes (the top of the stack),
+            # and the one current just before the last move (undoing a rollback).
+            moves = [e for e in state["history"] if e["action"] in ("promote", "rollback")]
+            protected.update(v for v in (state["current"],
+                                         state["previous"][-1] if state["previous"] else None,
+                                         moves[-1]["from"] if moves else None)
+                             if v is not None)
+            trash = tempfile.mkdtemp(prefix="trash-", dir=self._meta_dir(name))
+            for version, folder in sorted(folders.items()):
+                if version not in protected:
+                    # Renamed out first: a server never sees half a version.
+                    os.rename(os.path.join(model_dir, folder), os.path.join(trash, folder))
+                    removed.append(version)
+            state["previous"] = [v for v in state["previous"] if v not in removed]
+            if removed:
+                state["history"].append(dict(self._event("gc", None, None), removed=removed))
+                self._write_state(name, state)
+            shutil.rmtree(trash, ignore_errors=True)
+            for entry in os.listdir(self._meta_dir(name)):
+                if entry.startswith("incoming-") and not _alive(entry.split("-")[1]):
+                    shutil.rmtree(os.path.join(self._meta_dir(name), entry), ignore_errors=True)
+        return removed
+
+    def _write_serving_config(self):
+        """ROOT/models.config: every model with a current version, pinned to it."""
+        entries = []
+        for name in self.models():
+            current = self._state(name)["current"]
+            if current is None:
+                continue
+            entries.append(
+                "  config {\n"
+                f"    name: \"{name}\"\n"
+                f"    base_path: \"{self._model_dir(name)}\"\n"
+                "    model_platform: \"tensorflow\"\n"
+                "    model_version_policy {\n"
+                f"      specific {{\n        versions: {current}\n      }}\n"
+                "    }\n"
+                "  }\n")
+        write_atomically(os.path.join(self.root, CONFIG_FILE),
+                         "model_config_list {\n" + "".join(entries) + "}\n")
+
+
+def _alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,261 @@
+"""The ASGI application: TensorFlow Serving's REST API over a `ModelManager`, with batching.
+
+Routes are TF Serving's own (its `http_rest_api_util.cc` regular
+expressions, case-insensitive):
+
+    GET  /v1/models/NAME[/versions/N | /labels/L]            version status
+    GET  /v1/models/NAME[/versions/N | /labels/L]/metadata   signatures
+    POST /v1/models/NAME[/versions/N | /labels/L]:(predict|classify|regress)
+
+plus `GET /healthz` (200 once every model has a version available) and
+Prometheus metrics at `/metrics` and TF Serving's `/monitoring/prometheus/
+metrics`. Errors are `{"error": "..."}` with TF Serving's status codes
+(400 bad request, 404 unknown model or version, 413 body too large, 503
+queue full, with Retry-After). Every answer from a model carries
+`X-Model-Version`: the version that computed it.
+"""
+
+import asyncio
+import json
+import re
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tapeworks.serve import rest
+from tapeworks.serve.batching import Batcher, QueueFull
+from tapeworks.serve.servable import CLASSIFY, PREDICT, REGRESS, RequestError
+
+PREDICTION = re.compile(
+    r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
+    r"(classify|regress|predict)")
+STATUS = re.compile(
+    r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
+
+
+class Settings:
+    def __init__(self, max_batch_size=32, batch_timeout_ms=2.0, max_queue=256,
+                 max_body_bytes=16 << 20, threads=2):
+        self.max_batch_size = max_batch_size      # 0: no batching
+        self.batch_timeout = batch_timeout_ms / 1000
+        self.max_queue = max_queue
+        self.max_body_bytes = max_body_bytes
+        self.threads = threads
+
+
+class Metrics:
+    """Prometheus metrics in a registry of this app's own (prometheus_client)."""
+
+    def __init__(self):
+        import prometheus_client as prom
+
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter("tapeworks_requests", "Requests answered",
+                                     ["model", "method", "code"], registry=self.registry)
+        self.latency = prom.Histogram(
+            "tapeworks_request_latency_seconds", "Request latency, body read to answer",
+            ["model", "method"], registry=self.registry,
+            buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        self.batch_size = prom.Histogram(
+            "tapeworks_batch_size", "Rows per batched call (before padding)", ["model"],
+            registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self.queue_depth = prom.Gauge("tapeworks_queue_depth", "Requests waiting for a batch",
+                                      ["model"], registry=self.registry)
+        self.version = prom.Gauge("tapeworks_model_version", "The version requests get by "
+                                  "default", ["model"], registry=self.registry)
+        self.load_failures = prom.Gauge("tapeworks_model_load_failures",
+                                        "Versions that failed to load", ["model"],
+                                        registry=self.registry)
+
+    def render(self):
+        import prometheus_client as prom
+
+        return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
+
+
+def _error(message, status, headers=None):
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class ServingApp:
+    def __init__(self, manager, settings=None):
+        self.manager = manager
+        self.settings = settings or Settings()
+        self.metrics = Metrics()
+        self.executor = ThreadPoolExecutor(max_workers=self.settings.threads,
+                                           thread_name_prefix="tapeworks-serve")
+        self._batchers = {}   # (id(servable), signature, trailing shapes) -> Batcher
+        manager.on_switch = self._switched
+        for name, state in list(manager.states.items()):
+            self._switched(name, state)
+        self.app = Starlette(routes=[
+            Route("/healthz", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/monitoring/prometheus/metrics", self.prometheus, methods=["GET"]),
+            Route("/v1/{rest:path}", self.tf_serving, methods=["GET", "POST"]),
+        ])
+
+    def _switched(self, name, state):
+        self.metrics.version.labels(name).set(state.default if state.default is not None else -1)
+        self.metrics.load_failures.labels(name).set(len(state.failures))
+        live = {id(s) for st in self.manager.states.values() for s in st.versions.values()}
+        live.update(id(s) for s in state.versions.values())
+        for key in [k for k in list(self._batchers) if k[0] not in live]:
+            # An unloaded version's batchers go with it (called from the poller's
+            # thread: a snapshot of the keys, single-key deletes).
+            self._batchers.pop(key, None)
+
+    # Endpoints ---------------------------------------------------------------
+
+    async def health(self, request):
+        states = self.manager.states
+        waiting = sorted(n for n, s in states.items() if not s.versions)
+        body = {"models": {n: {"default_version": s.default,
+                               "versions": sorted(s.versions),
+                               "failures": {str(v): m for v, m in s.failures.items()}}
+                           for n, s in sorted(states.items())}}
+        if self.manager.plan_error:
+            body["plan_error"] = self.manager.plan_error
+        if waiting or not states:
+            body["error"] = ("no model has a version available yet" if not states else
+                             f"no version available for: {', '.join(waiting)}")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    async def prometheus(self, request):
+        for key, batcher in list(self._batchers.items()):
+            self.metrics.queue_depth.labels(key[3]).set(batcher.depth)
+        payload, content_type = self.metrics.render()
+        return Response(payload, media_type=content_type)
+
+    async def tf_serving(self, request: Request):
+        path = request.url.path
+        started = time.perf_counter()
+        if request.method == "POST":
+            match = PREDICTION.fullmatch(path)
+        else:
+            match = STATUS.fullmatch(path)
+        if match is None:
+            return _error(f"Malformed request: {request.method} {path}", 400)
+        name, version, label, verb = match.groups()
+        method = verb.lower() if verb else ("status" if request.method == "GET" else "")
+        if request.method == "GET" and verb:
+            method = "metadata"
+        try:
+            name = urllib.parse.unquote(name) if name else name
+            label = urllib.parse.unquote(label) if label else label
+            if not name:
+                raise RequestError("Missing model name in request.")
+            if "/" in name or name in (".", ".."):
+                raise RequestError(f"Invalid model name: {name!r}")
+            version = int(version) if version is not None else None
+            if request.method == "GET":
+                if method == "metadata":
+                    servable = self.manager.get(name).resolve(version, label)
+                    return self._answer(name, method, started,
+                                        JSONResponse(servable.metadata()), servable.version)
+                return self._answer(name, method, started,
+                                    JSONResponse(self.manager.status(name, version, label)))
+            body = await self._body(request)
+            state = self.manager.get(name)
+            servable = state.resolve(version, label)
+            result = await self._call(servable, method, body)
+            return self._answer(name, method, started, JSONResponse(result), servable.version)
+        except RequestError as error:
+            return self._answer(name, method, started, _error(str(error), error.status))
+        except QueueFull:
+            return self._answer(name, method, started, _error(
+                f"The queue of model {name!r} is full ({self.settings.max_queue} requests "
+                "waiting). Retry after a moment, or raise --max-queue.", 503,
+                {"Retry-After": "1"}))
+
+    def _answer(self, name, method, started, response, version=None):
+        if version is not None:
+            response.headers["X-Model-Version"] = str(version)
+        self.metrics.requests.labels(name or "", method, str(response.status_code)).inc()
+        self.metrics.latency.labels(name or "", method).observe(time.perf_counter() - started)
+        return response
+
+    async def _body(self, request):
+        declared = request.headers.get("content-length")
+        limit = self.settings.max_body_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RequestError(f"Request body of {int(declared):,} bytes is over the limit of "
+                               f"{limit:,} bytes. Fix: send fewer instances per request, or "
+                               "raise --max-body-mb.", 413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(f"Request body is over the limit of {limit:,} bytes. Fix: "
+                                   "send fewer instances per request, or raise --max-body-mb.",
+                                   413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # Calling a model ----------------------------------------------------------
+
+    async def _call(self, servable, method, body):
+        document, signature_name = rest.parse_body(body)
+        if method == "predict":
+            signature, _ = servable.signature(signature_name)
+            key = signature_name or "serving_default"
+            inputs, format = rest.predict_inputs(document, servable.specs[key],
+                                                 servable.checks_shapes)
+            outputs = await self._run(servable, key, inputs)
+            return rest.predict_response(outputs, format)
+        wanted = CLASSIFY if method == "classify" else REGRESS
+        signature, _ = servable.signature(signature_name, wanted)
+        key = signature_name or "serving_default"
+        specs = servable.specs[key]
+        if list(specs) != ["inputs"] or not specs["inputs"].is_string:
+            raise RequestError(
+                f"Signature '{key}' cannot take {method} requests: expected one input Tensor "
+                f"named 'inputs' of serialized tf.Examples (string); it has "
+                f"{', '.join(f'{k} ({s.describe()})' for k, s in specs.items())}. Fix: "
+                "call :predict with this signature.")
+        outputs = await self._run(servable, key, {"inputs": rest.examples(document, wanted)})
+        return rest.classify_response(outputs) if method == "classify" else \
+            rest.regress_response(outputs)
+
+    async def _run(self, servable, key, inputs):
+        loop = asyncio.get_running_loop()
+        settings = self.settings
+
+        def run(arrays):
+            try:
+                return servable.run(key, arrays)
+            except Exception as error:   # noqa: BLE001 - TensorFlow's InvalidArgumentError & co.
+                raise RequestError(_tensorflow_message(error)) from None
+
+        rows = {len(a) if a.ndim else None for a in inputs.values()}
+        if settings.max_batch_size <= 1 or not servable.batchable(key) or len(rows) != 1 \
+                or None in rows:
+            return await loop.run_in_executor(self.executor, run, inputs)
+        shapes = tuple(sorted((k, a.shape[1:], str(a.dtype)) for k, a in inputs.items()))
+        batch_key = (id(servable), key, shapes, servable.name)
+        batcher = self._batchers.get(batch_key)
+        if batcher is None:
+            batcher = self._batchers[batch_key] = Batcher(
+                run, max_batch_size=settings.max_batch_size, timeout=settings.batch_timeout,
+                max_queue=settings.max_queue, executor=self.executor,
+                on_batch=lambda rows, padded, n=servable.name:
+                    self.metrics.batch_size.labels(n).observe(rows))
+        return await batcher.submit(inputs, rows.pop())
+
+
+def _tensorflow_message(error):
+    text = getattr(error, "message", None) or str(error)
+    return text.strip().splitlines()[0][:1000] if text.strip() else type(error).__name__
+
+
+def to_json(value):
+    return json.dumps(value)
+
+
+__all__ = ["ServingApp", "Settings", "PREDICT"]

@@ -1,0 +1,159 @@
+"""Which versions are loaded, and the switch between them (hot reload).
+
+A `ModelManager` holds, per model, an immutable `ModelState` (loaded
+versions, labels, the default version, load failures). Requests read the
+state once and keep the `Servable` they got: a switch replaces the state in
+one assignment, requests in flight finish on the version they started on,
+and an unloaded version is freed when its last request lets go of it.
+
+`sync()` (the poller calls it every `poll_seconds`) reads the plan, loads
+and warms any wanted version not loaded yet (in the poller's thread, so
+serving goes on), then publishes the new state. Versions that are no longer
+wanted are dropped only once a wanted version is available: a version that
+fails to load leaves the current one serving, and its error shows in the
+model's status. A failed folder is not retried until it changes.
+"""
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+
+from tapeworks.serve.servable import RequestError, Servable
+
+logger = logging.getLogger("tapeworks.serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelState:
+    name: str
+    versions: dict          # version -> Servable (loaded and warmed)
+    labels: dict            # label -> version
+    default: int            # the version a request without version or label gets
+    failures: dict          # version -> error message (the last load that failed)
+
+    def resolve(self, version=None, label=None):
+        if version is not None and label is not None:
+            raise RequestError(f"Both model version ({version}) and model version label "
+                               f"({label}) cannot be supplied.")
+        if label is not None:
+            if label not in self.labels:
+                raise RequestError(f"Unrecognized servable version label: {label}")
+            version = self.labels[label]
+            if version not in self.versions:
+                raise RequestError(f"Servable not found for request: Specific({self.name}, "
+                                   f"{version})", 404)
+            return self.versions[version]
+        if version is None:
+            if self.default is None or self.default not in self.versions:
+                raise RequestError(f"Servable not found for request: Latest({self.name})", 404)
+            return self.versions[self.default]
+        if version not in self.versions:
+            raise RequestError(f"Servable not found for request: Specific({self.name}, "
+                               f"{version})", 404)
+        return self.versions[version]
+
+
+def _stamp(path):
+    """What changes when a version folder is rewritten: its saved_model.pb's mtime and size."""
+    try:
+        info = os.stat(os.path.join(path, "saved_model.pb"))
+        return (info.st_mtime_ns, info.st_size)
+    except OSError:
+        return None
+
+
+class ModelManager:
+    def __init__(self, source, *, warm_batch_sizes=(1,), on_switch=None):
+        self.source = source
+        self.warm_batch_sizes = tuple(warm_batch_sizes)
+        self.on_switch = on_switch       # called with (name, ModelState) after each switch
+        self.states = {}                 # name -> ModelState (replaced, never mutated)
+        self._failed = {}                # (name, version) -> (stamp, message)
+        self._lock = threading.Lock()    # one sync at a time
+        self.plan_error = None           # why the last plan could not be read
+
+    def get(self, name):
+        state = self.states.get(name)
+        if state is None:
+            raise RequestError(f"Servable not found for request: Latest({name})", 404)
+        return state
+
+    def sync(self):
+        """Reads the plan; loads what is new, switches, drops what is no longer wanted."""
+        with self._lock:
+            try:
+                plans = self.source.plan()
+                self.plan_error = None
+            except Exception as error:   # noqa: BLE001 - keep serving what is loaded
+                self.plan_error = f"{type(error).__name__}: {error}"
+                logger.error("could not read %s: %s", self.source.describe(), error)
+                return
+            for name, plan in plans.items():
+                self._sync_model(name, plan)
+            for name in set(self.states) - set(plans):
+                del self.states[name]   # removed from the config: unloaded, as TF Serving does
+
+    def _sync_model(self, name, plan):
+        old = self.states.get(name)
+        loaded = dict(old.versions) if old else {}
+        failures = {v: m for v, m in (old.failures if old else {}).items()
+                    if v in plan.versions}
+        for version, folder in sorted(plan.versions.items()):
+            path = os.path.join(plan.base_path, folder)
+            if version in loaded and loaded[version].path == path:
+                continue
+            stamp = _stamp(path)
+            failed = self._failed.get((name, version))
+            if failed is not None and failed[0] == stamp:
+                continue
+            started = time.perf_counter()
+            try:
+                servable = Servable(name, version, path)
+                servable.warm_up(self.warm_batch_sizes)
+            except Exception as error:   # noqa: BLE001 - a bad version must not stop serving
+                message = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:500]}"
+                self._failed[(name, version)] = (stamp, message)
+                failures[version] = message
+                logger.error("model %s version %s failed to load: %s", name, version, message)
+                continue
+            self._failed.pop((name, version), None)
+            failures.pop(version, None)
+            loaded[version] = servable
+            logger.info("model %s version %s loaded in %.2f s", name, version,
+                        time.perf_counter() - started)
+        wanted_available = [v for v in plan.versions if v in loaded]
+        if wanted_available:
+            loaded = {v: s for v, s in loaded.items() if v in plan.versions}
+        default = plan.current if plan.current in loaded else (
+            max(wanted_available) if wanted_available else (old.default if old else None))
+        labels = {k: v for k, v in plan.labels.items() if v in loaded}
+        state = ModelState(name, loaded, labels, default, failures)
+        if old != state:
+            self.states[name] = state     # the switch: one assignment
+            if self.on_switch is not None:
+                self.on_switch(name, state)
+
+    def status(self, name, version=None, label=None):
+        """TF Serving's GetModelStatusResponse for the model (or one version / label)."""
+        state = self.get(name)
+        if version is not None or label is not None:
+            servable = state.resolve(version, label)
+            chosen = {servable.version}
+        else:
+            chosen = set(state.versions) | set(state.failures)
+        entries = []
+        for v in sorted(chosen, reverse=True):
+            if v in state.versions:
+                entries.append({"version": str(v), "state": "AVAILABLE",
+                                "status": {"error_code": "OK", "error_message": ""}})
+            else:
+                entries.append({"version": str(v), "state": "END",
+                                "status": {"error_code": "UNKNOWN",
+                                           "error_message": state.failures[v]}})
+        return {"model_version_status": entries}
+
+    def poll_forever(self, seconds, stop):
+        while not stop.wait(seconds):
+            self.sync()

@@ -1,0 +1,250 @@
+"""One loaded model version: its SavedModel's signatures, called with checked inputs.
+
+Only SavedModel graphs are loaded (`tf.saved_model.load`: no pickles, no
+Python code from the model folder), Keras exports and TF1-style graphs alike
+(signature input keys such as `x` over tensors named `x:0`). The signature
+definitions are read from `saved_model.pb` itself, so `metadata` answers
+exactly what TensorFlow Serving answers for the same folder.
+"""
+
+import base64
+import os
+
+import numpy as np
+
+PREDICT = "tensorflow/serving/predict"
+CLASSIFY = "tensorflow/serving/classify"
+REGRESS = "tensorflow/serving/regress"
+DEFAULT_SIGNATURE = "serving_default"
+
+
+class RequestError(Exception):
+    """A request TensorFlow Serving answers with an error; `status` is the HTTP code."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+class InputSpec:
+    def __init__(self, name, dtype, shape, tensor_name):
+        self.name, self.dtype, self.shape, self.tensor_name = name, dtype, shape, tensor_name
+
+    @property
+    def is_string(self):
+        return self.dtype.name == "string"
+
+    def describe(self):
+        shape = "unknown rank" if self.shape is None else \
+            "[" + ", ".join("-1" if d is None else str(d) for d in self.shape) + "]"
+        return f"{self.dtype.name} of shape {shape}"
+
+
+def _meta_graph(path):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    for graph in saved.meta_graphs:
+        if "serve" in graph.meta_info_def.tags:
+            return graph
+    raise RequestError(f"{path} has no MetaGraph tagged 'serve'.", 500)
+
+
+class IntegrityError(Exception):
+    pass
+
+
+def _check_recorded_hash(path):
+    """A version the registry published must still be what it published (its content hash)."""
+    import json
+
+    from tapeworks.deploy.registry import VERSION_FILE, content_hash
+
+    try:
+        with open(os.path.join(path, VERSION_FILE)) as f:
+            recorded = json.load(f).get("sha256")
+    except (OSError, ValueError):
+        return   # not published by a registry (a TF Serving folder): nothing to compare
+    if recorded and content_hash(path) != recorded:
+        raise IntegrityError(
+            f"{path} no longer matches the content hash recorded when it was published "
+            f"({recorded[:12]}...): a file was changed or damaged since. Not loaded. Fix: "
+            "publish the model again.")
+
+
+class Servable:
+    """A SavedModel version, loaded and ready to call."""
+
+    def __init__(self, name, version, path):
+        import tensorflow as tf
+
+        self.name, self.version, self.path = name, version, path
+        _check_recorded_hash(path)
+        self.meta_graph = _meta_graph(path)
+        self.loaded = tf.saved_model.load(path, tags=["serve"])
+        self.functions = dict(self.loaded.signatures)
+        # A TF2 SavedModel's signatures are functions with input signatures,
+        # which refuse other shapes: checked first, for a message that names
+        # the input. A TF1 graph's are not (TensorFlow Serving feeds any
+        # shape the graph's ops accept, and so does this): TF1 SavedModels
+        # carry no object graph.
+        self.checks_shapes = len(self.meta_graph.object_graph_def.nodes) > 0
+        self.specs = {}
+        for key, signature in self.meta_graph.signature_def.items():
+            self.specs[key] = {
+                k: InputSpec(k, tf.dtypes.as_dtype(info.dtype),
+                             None if info.tensor_shape.unknown_rank else
+                             [None if d.size < 0 else d.size for d in info.tensor_shape.dim],
+                             info.name)
+                for k, info in signature.inputs.items()}
+
+    # What a signature is -------------------------------------------------
+
+    def signature(self, name, method=None):
+        """(signature_def, function) for `name` ("" means serving_default); checks its method."""
+        key = name or DEFAULT_SIGNATURE
+        if key not in self.meta_graph.signature_def or key not in self.functions:
+            raise RequestError(f"Serving signature name: \"{key}\" not found in signature def")
+        signature = self.meta_graph.signature_def[key]
+        if method is not None and signature.method_name != method:
+            kind = {CLASSIFY: "classification", REGRESS: "regression"}[method]
+            raise RequestError(f"Expected {kind} signature method_name to be {method}. Was: "
+                               f"{signature.method_name}")
+        return signature, self.functions[key]
+
+    def batchable(self, key):
+        """Whether requests to signature `key` can be stacked along a leading batch dimension."""
+        signature = self.meta_graph.signature_def[key]
+        infos = list(signature.inputs.values()) + list(signature.outputs.values())
+        return bool(signature.inputs) and all(
+            not i.tensor_shape.unknown_rank and i.tensor_shape.dim
+            and i.tensor_shape.dim[0].size < 0 for i in infos)
+
+    def metadata(self):
+        """TF Serving's GetModelMetadataResponse, as its REST API writes it."""
+        from google.protobuf import json_format
+        from tensorflow.core.protobuf import meta_graph_pb2
+
+        del meta_graph_pb2   # the SignatureDef messages come with the meta graph
+        signatures = {k: json_format.MessageToDict(v, preserving_proto_field_name=True,
+                                                   always_print_fields_with_no_presence=True)
+                      for k, v in self.meta_graph.signature_def.items()}
+        return {"model_spec": {"name": self.name, "signature_name": "",
+                               "version": str(self.version)},
+                "metadata": {"signature_def": {"signature_def": signatures}}}
+
+    # Calling ---------------------------------------------------------------
+
+    def run(self, key, inputs):
+        """Calls signature `key` on {input name: numpy array}; returns {output name: numpy}."""
+        import tensorflow as tf
+
+        function = self.functions[key]
+        outputs = function(**{k: tf.constant(v, dtype=self.specs[key][k].dtype)
+                              for k, v in inputs.items()})
+        return {k: v.numpy() for k, v in outputs.items()}
+
+    def warm_up(self, batch_sizes=(1,)):
+        """Calls every numeric, batchable signature once per batch size (TF and oneDNN caches)."""
+        for key, specs in self.specs.items():
+            if key not in self.functions or not self.batchable(key):
+                continue
+            if any(s.is_string or s.shape is None or None in s.shape[1:]
+                   for s in specs.values()):
+                continue
+            for size in batch_sizes:
+                self.run(key, {k: np.zeros([size] + s.shape[1:], s.dtype.as_numpy_dtype)
+                               for k, s in specs.items()})
+
+
+# JSON values -> arrays ----------------------------------------------------
+
+def _decode_strings(value):
+    if isinstance(value, dict):
+        if set(value) != {"b64"} or not isinstance(value["b64"], str):
+            raise RequestError(f"JSON Value: {_short(value)} not formatted correctly for "
+                               "base64 data")
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except ValueError:
+            raise RequestError("Unable to base64 decode") from None
+    if isinstance(value, list):
+        return [_decode_strings(v) for v in value]
+    if isinstance(value, str):
+        return value.encode()
+    raise RequestError(f"JSON Value: {_short(value)} Type: {_json_type(value)} is not of "
+                       "expected type: string")
+
+
+def _json_type(value):
+    return {bool: "Bool", int: "Number", float: "Number", str: "String", list: "Array",
+            dict: "Object", type(None): "Null"}.get(type(value), type(value).__name__)
+
+
+def _short(value):
+    import json
+
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def to_array(value, spec, where):
+    """A JSON value as an array of the input's dtype; errors name the input and what was wrong."""
+    if spec.is_string:
+        array = np.array(_decode_strings(value), dtype=object)
+        if array.dtype != object or any(not isinstance(v, bytes) for v in array.flat):
+            raise RequestError(f"{where}: input '{spec.name}' has ragged or mixed values. "
+                               f"Expected {spec.describe()}.")
+        return array
+    if _has_strings(value):
+        raise RequestError(
+            f"{where}: input '{spec.name}' expects {spec.dtype.name} values; received a "
+            f"string in {_short(value)}. Expected {spec.describe()}.")
+    try:
+        array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype)
+    except (ValueError, TypeError) as error:
+        reason = "ragged (rows of different lengths)" if "inhomogeneous" in str(error) \
+            else str(error)
+        raise RequestError(f"{where}: input '{spec.name}' could not be read as "
+                           f"{spec.dtype.name}: {reason}. Expected {spec.describe()}.") from None
+    return array
+
+
+def _has_strings(value):
+    if isinstance(value, (str, dict)):
+        return True
+    return isinstance(value, list) and any(_has_strings(v) for v in value)
+
+
+def check_shape(array, spec, where):
+    if spec.shape is None:
+        return
+    received = list(array.shape)
+    if len(received) != len(spec.shape) or any(
+            want is not None and want != got for want, got in zip(spec.shape, received)):
+        raise RequestError(
+            f"{where}: input '{spec.name}' has shape {received}; expected {spec.describe()} "
+            "(-1: any size).")
+
+
+def from_array(name, array):
+    """An output array as JSON values: strings decoded, `*_bytes` outputs as {"b64": ...}."""
+    if array.dtype == object:
+        binary = name.endswith("_bytes")
+
+        def convert(v):
+            if isinstance(v, list):
+                return [convert(x) for x in v]
+            if binary:
+                return {"b64": base64.b64encode(v).decode()}
+            return v.decode("utf-8", errors="replace")
+
+        return convert(array.tolist())
+    if array.dtype in (np.float32, np.float16) or array.dtype.name == "bfloat16":
+        # The shortest digits that round-trip in the tensor's own precision (0.1,
+        # not 0.10000000149011612), as TensorFlow Serving writes floats: numpy's
+        # float-to-string conversion is that, in C.
+        return array.astype(np.float32).astype(str).astype(np.float64).tolist()
+    return array.tolist()

@@ -1,0 +1,141 @@
+"""The `tapeworks serve` command: parse flags (tapeworks' and TF Serving's), load, serve.
+
+    tapeworks serve ROOT [--host 127.0.0.1] [--port 8501] [--max-batch-size 32]
+                         [--batch-timeout-ms 2] [--max-queue 256] [--poll-seconds 1]
+    tapeworks serve --rest_api_port=8501 --model_name=NAME --model_base_path=/models/NAME
+    tapeworks serve --rest_api_port=8501 --model_config_file=/models/models.config
+
+TF Serving's command line moves over by changing the program's name. Its
+`--port` is the gRPC port: with `--rest_api_port` given, `--port` is read as
+that and refused (gRPC is not served). Every model is loaded and warmed
+before the port opens, as TF Serving does; then a poller thread re-reads
+the plan every `--poll-seconds` (hot reload).
+"""
+
+import argparse
+import logging
+import sys
+import threading
+
+TF_SERVING_FLAGS_IGNORED = ("rest_api_timeout_in_ms", "tensorflow_session_parallelism",
+                            "tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism")
+
+
+def _bool(text):
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_arguments(parser):
+    parser.add_argument("root", nargs="?", help="a tapeworks registry (or a folder of TF Serving "
+                        "model folders) to serve")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="REST port (default 8501); with --rest_api_port, TF Serving's "
+                             "gRPC port, which is not served")
+    parser.add_argument("--max-batch-size", type=int, default=32,
+                        help="rows per batched call across concurrent requests (0: no batching)")
+    parser.add_argument("--batch-timeout-ms", type=float, default=2.0,
+                        help="how long a batch waits for more requests")
+    parser.add_argument("--max-queue", type=int, default=256,
+                        help="requests waiting per signature before answering 503")
+    parser.add_argument("--max-body-mb", type=float, default=16.0,
+                        help="largest request body (413 above)")
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often the registry or config is read again")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads that run models (TensorFlow uses all cores per call)")
+    tf = parser.add_argument_group("TensorFlow Serving's flags")
+    tf.add_argument("--rest_api_port", type=int, default=None)
+    tf.add_argument("--model_name", default=None)
+    tf.add_argument("--model_base_path", default=None)
+    tf.add_argument("--model_config_file", default=None)
+    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=None)
+    tf.add_argument("--file_system_poll_wait_seconds", type=float, default=None)
+    tf.add_argument("--model_config_file_poll_wait_seconds", type=float, default=None)
+    tf.add_argument("--rest_api_num_threads", type=int, default=None)
+    for flag in TF_SERVING_FLAGS_IGNORED:
+        tf.add_argument("--" + flag, default=None, help=argparse.SUPPRESS)
+
+
+def settings_from(args):
+    """(rest port, Source arguments, Settings, poll seconds), or SystemExit with the reason."""
+    from tapeworks.serve.app import Settings
+
+    if args.rest_api_port is not None:
+        if args.port is not None:
+            print(f"tapeworks serve: --port={args.port} is TensorFlow Serving's gRPC port; "
+                  "gRPC is not served (REST only, on --rest_api_port).", file=sys.stderr)
+        port = args.rest_api_port
+    else:
+        port = 8501 if args.port is None else args.port
+    if args.model_name and not args.model_base_path:
+        raise SystemExit("tapeworks serve: --model_name needs --model_base_path (the folder "
+                         "holding the model's version folders).")
+    batch = args.max_batch_size
+    if args.enable_batching is False:
+        batch = 0
+    poll = args.poll_seconds
+    for flag in (args.file_system_poll_wait_seconds, args.model_config_file_poll_wait_seconds):
+        if flag is not None and flag > 0:
+            poll = flag
+    threads = args.rest_api_num_threads or args.threads
+    settings = Settings(max_batch_size=batch, batch_timeout_ms=args.batch_timeout_ms,
+                        max_queue=args.max_queue,
+                        max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=threads)
+    source = dict(root=args.root, model_config_file=args.model_config_file,
+                  model_name=args.model_name, model_base_path=args.model_base_path)
+    return port, source, settings, poll
+
+
+def run(args):
+    import uvicorn
+
+    from tapeworks.serve.app import ServingApp
+    from tapeworks.serve.batching import buckets
+    from tapeworks.serve.config import ServingConfigError, Source
+    from tapeworks.serve.manager import ModelManager
+
+    logging.basicConfig(level=logging.INFO, format="tapeworks serve: %(message)s")
+    port, source_args, settings, poll = settings_from(args)
+    try:
+        source = Source(**source_args)
+    except ServingConfigError as error:
+        raise SystemExit(f"tapeworks serve: {error}") from None
+    warm = buckets(settings.max_batch_size) if settings.max_batch_size > 1 else [1]
+    manager = ModelManager(source, warm_batch_sizes=warm)
+    manager.sync()
+    if manager.plan_error:
+        raise SystemExit(f"tapeworks serve: {manager.plan_error}")
+    for name, state in sorted(manager.states.items()):
+        print(f"tapeworks serve: {name}: versions {sorted(state.versions) or 'none'} loaded"
+              + (f", default {state.default}" if state.default is not None else "")
+              + (f"; failed: {state.failures}" if state.failures else ""), flush=True)
+    serving = ServingApp(manager, settings)
+    stop = threading.Event()
+    poller = threading.Thread(target=manager.poll_forever, args=(poll, stop), daemon=True,
+                              name="tapeworks-serve-poller")
+    poller.start()
+    print(f"tapeworks serve: {source.describe()} on http://{args.host}:{port} "
+          f"(batching: {settings.max_batch_size or 'off'})", flush=True)
+    try:
+        uvicorn.run(serving.app, host=args.host, port=port, log_level="warning",
+                    access_log=False, timeout_graceful_shutdown=5)
+    finally:
+        stop.set()
+        serving.executor.shutdown(wait=False, cancel_futures=True)
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="tapeworks serve")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
