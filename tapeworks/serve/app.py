@@ -39,7 +39,7 @@ STATUS = re.compile(
 
 
 class Settings:
-    def __init__(self, max_batch_size=32, batch_timeout_ms=2.0, max_queue=256,
+    def __init__(self, max_batch_size=32, batch_timeout_ms=0.0, max_queue=256,
                  max_body_bytes=16 << 20, threads=2):
         self.max_batch_size = max_batch_size      # 0: no batching
         self.batch_timeout = batch_timeout_ms / 1000

@@ -1,9 +1,11 @@
 """Dynamic batching: concurrent requests to one signature of one version, run as one call.
 
 A `Batcher` takes requests (each {input: array} with the same leading size)
-into a bounded queue. Its worker task takes the first waiting request, then
-gathers more until `max_batch_size` rows or `timeout` seconds have passed,
-concatenates them, pads the batch up to the next bucket (powers of two up to
+into a bounded queue. Its worker task takes every request waiting (up to
+`max_batch_size` rows), and with `timeout` > 0 waits up to that long for
+more; with 0 (the default, TF Serving's advice for CPUs) it runs at once, and
+batches form while the previous batch runs: one client pays no wait, many
+clients share calls. It concatenates them, pads the batch up to the next bucket (powers of two up to
 `max_batch_size`, TF Serving's `allowed_batch_sizes` idea: a few shapes, so
 TensorFlow's and oneDNN's per-shape caches stay warm), runs the signature in
 the thread pool (TensorFlow releases the GIL; the event loop keeps
@@ -89,7 +91,7 @@ class Batcher:
                     item = self._waiting.popleft()
                     batch.append(item)
                     rows += item[1]
-                remaining = deadline - loop.time()
+                remaining = deadline - loop.time()   # <= 0 at once when timeout is 0
                 if rows >= self.max_batch_size or remaining <= 0 or (
                         self._waiting and rows + self._waiting[0][1] > self.max_batch_size):
                     break

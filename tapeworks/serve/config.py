@@ -209,6 +209,9 @@ class Source:
             with open(os.path.join(self.root, CONFIG_FILE)) as f:
                 entries = parse_model_config(f.read(), os.path.join(self.root, CONFIG_FILE))
             root_dir, where = self.root, self.root
+        elif os.path.exists(os.path.join(self.root, ".tapeworks.lock")):
+            # A registry in which nothing was promoted yet: nothing is current.
+            entries, root_dir, where = [], self.root, self.root
         else:
             # A folder of TF Serving model folders with no config: each served at
             # its latest version (TF Serving's default policy).

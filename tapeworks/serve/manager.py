@@ -69,6 +69,7 @@ class ModelManager:
         self.source = source
         self.warm_batch_sizes = tuple(warm_batch_sizes)
         self.on_switch = on_switch       # called with (name, ModelState) after each switch
+        self.after_load = None           # called after a sync that loaded a version
         self.states = {}                 # name -> ModelState (replaced, never mutated)
         self._failed = {}                # (name, version) -> (stamp, message)
         self._lock = threading.Lock()    # one sync at a time
@@ -90,13 +91,15 @@ class ModelManager:
                 self.plan_error = f"{type(error).__name__}: {error}"
                 logger.error("could not read %s: %s", self.source.describe(), error)
                 return
-            for name, plan in plans.items():
-                self._sync_model(name, plan)
+            loaded = sum(self._sync_model(name, plan) for name, plan in plans.items())
             for name in set(self.states) - set(plans):
                 del self.states[name]   # removed from the config: unloaded, as TF Serving does
+            if loaded and self.after_load is not None:
+                self.after_load()
 
     def _sync_model(self, name, plan):
         old = self.states.get(name)
+        newly = 0
         loaded = dict(old.versions) if old else {}
         failures = {v: m for v, m in (old.failures if old else {}).items()
                     if v in plan.versions}
@@ -121,6 +124,7 @@ class ModelManager:
             self._failed.pop((name, version), None)
             failures.pop(version, None)
             loaded[version] = servable
+            newly += 1
             logger.info("model %s version %s loaded in %.2f s", name, version,
                         time.perf_counter() - started)
         wanted_available = [v for v in plan.versions if v in loaded]
@@ -134,6 +138,7 @@ class ModelManager:
             self.states[name] = state     # the switch: one assignment
             if self.on_switch is not None:
                 self.on_switch(name, state)
+        return newly
 
     def status(self, name, version=None, label=None):
         """TF Serving's GetModelStatusResponse for the model (or one version / label)."""

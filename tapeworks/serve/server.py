@@ -1,7 +1,7 @@
 """The `tapeworks serve` command: parse flags (tapeworks' and TF Serving's), load, serve.
 
     tapeworks serve ROOT [--host 127.0.0.1] [--port 8501] [--max-batch-size 32]
-                         [--batch-timeout-ms 2] [--max-queue 256] [--poll-seconds 1]
+                         [--batch-timeout-ms 0] [--max-queue 256] [--poll-seconds 1]
     tapeworks serve --rest_api_port=8501 --model_name=NAME --model_base_path=/models/NAME
     tapeworks serve --rest_api_port=8501 --model_config_file=/models/models.config
 
@@ -39,8 +39,9 @@ def add_arguments(parser):
                              "gRPC port, which is not served")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="rows per batched call across concurrent requests (0: no batching)")
-    parser.add_argument("--batch-timeout-ms", type=float, default=2.0,
-                        help="how long a batch waits for more requests")
+    parser.add_argument("--batch-timeout-ms", type=float, default=0.0,
+                        help="how long a batch waits for more requests (default 0: it takes "
+                             "what is waiting and runs; batches form while one runs)")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="requests waiting per signature before answering 503")
     parser.add_argument("--max-body-mb", type=float, default=16.0,
@@ -92,6 +93,21 @@ def settings_from(args):
     return port, source, settings, poll
 
 
+def _freeze_heap():
+    """Moves every object alive now out of the garbage collector's reach (`gc.freeze`).
+
+    TensorFlow and the loaded models are millions of long-lived objects; a
+    full collection walks all of them, which under load stalled requests for
+    a quarter of a second (a one-off run: p99 252 ms against p50 16 ms with
+    64 clients). Frozen, a collection walks only what requests allocate.
+    Called again after each version is loaded.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def run(args):
     import uvicorn
 
@@ -116,6 +132,8 @@ def run(args):
               + (f", default {state.default}" if state.default is not None else "")
               + (f"; failed: {state.failures}" if state.failures else ""), flush=True)
     serving = ServingApp(manager, settings)
+    _freeze_heap()
+    manager.after_load = _freeze_heap
     stop = threading.Event()
     poller = threading.Thread(target=manager.poll_forever, args=(poll, stop), daemon=True,
                               name="tapeworks-serve-poller")

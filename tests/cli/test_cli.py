@@ -113,7 +113,7 @@ def test_serve_bench_quick_loads_both_servers(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "serve.json").read_text())
     rows = {row["batching"]: row for row in report["rows"]}
-    assert sorted(rows) == ["off", "on (max 32, 2 ms)"]
+    assert sorted(rows) == ["ceiling: status GET, no model", "off", "on (max 32)"]
     assert all(r["errors"] == 0 and r["requests_per_s"] > 0 and len(r["repeats"]) == 3
                for r in rows.values())
     assert rows["off"]["vs_unbatched"] == 1.0
