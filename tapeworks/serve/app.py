@@ -154,6 +154,8 @@ class ServingApp:
             if "/" in name or name in (".", ".."):
                 raise RequestError(f"Invalid model name: {name!r}")
             version = int(version) if version is not None else None
+            if version is not None and version >= 1 << 63:
+                raise RequestError(f"Failed to convert version: {version} to numeric.")
             if request.method == "GET":
                 if method == "metadata":
                     servable = self.manager.get(name).resolve(version, label)

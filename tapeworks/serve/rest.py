@@ -26,6 +26,12 @@ def parse_body(body):
         raise RequestError("JSON Parse error: The document is empty")
     try:
         document = json.loads(body)
+    except json.JSONDecodeError as error:
+        # rapidjson's words, as TF Serving reports them ("Invalid value." for
+        # what is not JSON at all), with Python's own detail.
+        what = "Invalid value." if error.msg.startswith("Expecting value") else error.msg
+        raise RequestError(f"JSON Parse error: {what} at offset: {error.pos} "
+                           f"({error.msg})") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise RequestError(f"JSON Parse error: {error}") from None
     if not isinstance(document, dict):

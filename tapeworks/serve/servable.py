@@ -201,7 +201,9 @@ def to_array(value, spec, where):
     if _has_strings(value):
         raise RequestError(
             f"{where}: input '{spec.name}' expects {spec.dtype.name} values; received a "
-            f"string in {_short(value)}. Expected {spec.describe()}.")
+            f"string: JSON Value: {_short(value)} Type: String is not of expected type: "
+            f"{_TF_SERVING_TYPE_NAMES.get(spec.dtype.name, spec.dtype.name)}. Expected "
+            f"{spec.describe()}.")
     try:
         array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype)
     except (ValueError, TypeError) as error:
@@ -210,6 +212,10 @@ def to_array(value, spec, where):
         raise RequestError(f"{where}: input '{spec.name}' could not be read as "
                            f"{spec.dtype.name}: {reason}. Expected {spec.describe()}.") from None
     return array
+
+
+# TensorFlow's DataTypeString names, which TF Serving's messages use.
+_TF_SERVING_TYPE_NAMES = {"float32": "float", "float64": "double"}
 
 
 def _has_strings(value):

@@ -110,9 +110,12 @@ def test_two_concurrent_publishers_get_distinct_versions(tmp_path, exported):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_publisher_killed_halfway_leaves_no_version(tmp_path, exported):
+    from tests.serve.server_process import Server
+
     registry = Registry(tmp_path)
     registry.publish("scaled", exported[1], promote=True)
     before = (tmp_path / "models.config").read_text()
+    server = Server(str(tmp_path), "--poll-seconds", "0.1")   # polls all along
     process = subprocess.Popen(_publish_command(tmp_path, "scaled", exported[2], "--promote"),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     meta = tmp_path / "scaled" / ".tapeworks"
@@ -122,6 +125,15 @@ def test_a_publisher_killed_halfway_leaves_no_version(tmp_path, exported):
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)   # copying, hashing or loading: mid-way
     process.wait()
+    time.sleep(0.5)                        # a few polls of the registry
+    try:
+        assert server.get("/healthz")[1]["models"] == {
+            "scaled": {"default_version": 1, "versions": [1], "failures": {}}}
+        status, body, headers = server.post("/v1/models/scaled:predict",
+                                            {"instances": [[1.0, 1.0, 1.0]]})
+        assert (status, headers["X-Model-Version"]) == (200, "1")
+    finally:
+        server.stop()
     assert [v.version for v in registry.versions("scaled")] == [1]
     assert registry.current("scaled") == 1
     assert (tmp_path / "models.config").read_text() == before

@@ -32,7 +32,8 @@ def server(tmp_path_factory):
     config = base / "models.config"
     config.write_text(f"""
 model_config_list {{
-  config {{ name: "default" base_path: "{base / 'half_plus_two'}" model_platform: "tensorflow" }}
+  config {{ name: "default" base_path: "{base / 'half_plus_two'}" model_platform: "tensorflow"
+           version_labels {{ key: "Version_Label" value: 123 }} }}
   config {{
     name: "scaled" base_path: "{base / 'scaled'}" model_platform: "tensorflow"
     model_version_policy {{ all {{}} }}
@@ -63,6 +64,60 @@ def test_tf_serving_rest_test_cases_held_out(server):
     with open(os.path.join(HERE, "tf_serving_half_plus_two_metadata.json")) as f:
         expected = json.load(f)
     assert server.get("/v1/models/default/metadata")[1] == expected
+
+
+def test_tf_serving_handler_test_cases_held_out(server):
+    """TF Serving's http_rest_api_handler_test.cc: its paths, bodies and expected statuses.
+
+    Its model is half_plus_two with version 123 labelled Version_Label; its
+    status substrings are checked in the error messages.
+    """
+    malformed = [("GET", "/v1/foo"), ("POST", "/v1/foo"), ("GET", "/v1/models/debug/model_name"),
+                 ("POST", "/v1/models"), ("GET", "/v1/models/foo:predict"),
+                 ("GET", "/v1/models/foo/version/50:predict"),
+                 ("POST", "/v1/models/foo/version/50:regress"),
+                 ("POST", "/v1/models/foo/versions/HELLO:regress"),
+                 ("POST", "/v1/models/foo/metadata"),
+                 ("POST", "/v1/models/foo/label/some_label:regress"),
+                 ("POST", "/v1/models/foo/versions/50/labels/some_label:regress"),
+                 ("POST", "/v1/models/foo/versions/some_label:regress")]
+    for method, path in malformed:
+        status, body, _ = server.request(method, path, raw=b"" if method == "POST" else None)
+        assert status == 400 and "Malformed request" in body["error"], (path, body)
+    status, body, _ = server.get("/v1/models")
+    assert status == 400 and "Missing model name" in body["error"]
+    status, body, _ = server.post(f"/v1/models/foo/versions/{2 ** 64 - 1}:regress", raw=b"")
+    assert status == 400 and "Failed to convert version" in body["error"]
+    for path in ("/v1/models/foo:predict", "/v1/models/foo/versions/50:predict",
+                 "/v1/models/default99:predict"):
+        assert server.post(path, {"instances": [1]})[0] == 404
+    predict = "/v1/models/default:predict"
+    for raw, expected in ((b"", "JSON Parse error: The document is empty"),
+                          (b"instances = [1, 2]", "JSON Parse error: Invalid value"),
+                          (b'{ "instances": ["x", "y"] }', "not of expected type: float"),
+                          (b'{ "signature_name": 100 }',
+                           "'signature_name' key must be a string value.")):
+        status, body, _ = server.post(predict, raw=raw)
+        assert status == 400 and expected in body["error"], (raw, body)
+    status, body, _ = server.post("/v1/models/default/labels/Version_Nonexistent:predict",
+                                  raw=b'{ "instances": ["x", "y"] }')
+    assert status == 400 and "Unrecognized servable version label" in body["error"]
+    assert server.post(predict, {"instances": [[1.0, 2.0], [3.0, 4.0]]})[1] == {
+        "predictions": [[2.5, 3.0], [3.5, 4.0]]}
+    assert server.post("/v1/models/default/versions/123:predict",
+                       {"instances": [1.0, 2.0]})[1] == {"predictions": [2.5, 3.0]}
+    assert server.post("/v1/models/default/labels/Version_Label:predict",
+                       {"instances": [1.0, 2.0]})[1] == {"predictions": [2.5, 3.0]}
+    assert server.post("/v1/models/default/versions/123:predict", {
+        "signature_name": "serving_default", "inputs": [3.0, 4.0]})[1] == {
+        "outputs": [3.5, 4.0]}
+    regress = {"signature_name": "regress_x_to_y", "examples": [{"x": 80.0}]}
+    assert server.post("/v1/models/default:regress", regress)[1] == {"results": [42]}
+    assert server.post("/v1/models/default/labels/Version_Label:regress", regress)[1] == {
+        "results": [42]}
+    assert server.post("/v1/models/default:classify", {
+        "signature_name": "classify_x_to_y", "examples": [{"x": 20.0}]})[1] == {
+        "results": [[["", 12]]]}
 
 
 def test_rows_columns_b64_and_named_signatures(server):
@@ -117,7 +172,8 @@ def test_versions_labels_and_what_is_not_there(server):
     (b'{"signature_name": "two", "instances": [{"a": [1, 2]}]}', 400,
      "keys must be equal to: a,tag (missing: tag)"),
     (b'{"instances": [["1", 1, 1]]}', 400, "input 'x' expects float32 values; received a "
-                                           "string"),
+                                           "string: JSON Value: [\"1\", 1, 1] Type: String is "
+                                           "not of expected type: float"),
     (b'{"instances": [[1, 1]]}', 400, "input 'x' has shape [1, 2]; expected float32 of shape "
                                       "[-1, 3]"),
     (b'{"instances": [[1, 1, 1], [1, 1]]}', 400, "every instance must have the same shape"),
