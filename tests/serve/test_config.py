@@ -3,7 +3,7 @@
 import pytest
 
 from tapeworks.deploy import Registry
-from tapeworks.serve.config import ServingConfigError, Source, parse_model_config
+from tapeworks.serve.config import ServingConfigError, Source
 from tapeworks.serve.server import add_arguments, settings_from
 
 
