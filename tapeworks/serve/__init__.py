@@ -1,8 +1,9 @@
-"""`tapeworks serve`: TensorFlow Serving's REST API, from a registry or TF Serving's own flags.
+"""`tapeworks serve`: TF Serving's REST (and gRPC) API, from a registry or TF Serving's flags.
 
 `config.py` (what to serve: TF Serving's model config, base paths, a
 registry), `servable.py` (one loaded SavedModel version), `manager.py` (the
 loaded versions and the hot-reload switch), `rest.py` (TF Serving's JSON
 bodies), `batching.py` (dynamic batching), `app.py` (the ASGI application),
-`server.py` (the command line: uvicorn, the poller).
+`grpc_service.py` (TF Serving's gRPC services, optional), `server.py` (the
+command line: uvicorn and gRPC on one event loop, the poller).
 """

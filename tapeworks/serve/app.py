@@ -209,7 +209,7 @@ class ServingApp:
             key = signature_name or "serving_default"
             inputs, format = rest.predict_inputs(document, servable.specs[key],
                                                  servable.checks_shapes)
-            outputs = await self._run(servable, key, inputs)
+            outputs = await self.run_model(servable, key, inputs)
             return rest.predict_response(outputs, format)
         wanted = CLASSIFY if method == "classify" else REGRESS
         signature, _ = servable.signature(signature_name, wanted)
@@ -221,11 +221,12 @@ class ServingApp:
                 f"named 'inputs' of serialized tf.Examples (string); it has "
                 f"{', '.join(f'{k} ({s.describe()})' for k, s in specs.items())}. Fix: "
                 "call :predict with this signature.")
-        outputs = await self._run(servable, key, {"inputs": rest.examples(document, wanted)})
+        outputs = await self.run_model(servable, key, {"inputs": rest.examples(document, wanted)})
         return rest.classify_response(outputs) if method == "classify" else \
             rest.regress_response(outputs)
 
-    async def _run(self, servable, key, inputs):
+    async def run_model(self, servable, key, inputs):
+        """Runs signature `key` of `servable` on checked inputs: batched where it can be."""
         loop = asyncio.get_running_loop()
         settings = self.settings
 

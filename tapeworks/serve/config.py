@@ -10,8 +10,8 @@ server without a restart.
 The config file is parsed by protobuf's own text format parser, into message
 classes built here from TF Serving's `model_server_config.proto` (the subset
 a model config list uses, with TF Serving's field numbers): the
-`tensorflow-serving-api` package that ships them pins TensorFlow versions of
-its own, so it is not a dependency.
+`tensorflow-serving-api` package that ships them requires TensorFlow >= 2.21,
+so it is only the optional `grpc` extra, and REST serving does without it.
 """
 
 import dataclasses

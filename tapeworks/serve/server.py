@@ -13,6 +13,7 @@ the plan every `--poll-seconds` (hot reload).
 """
 
 import argparse
+import asyncio
 import logging
 import sys
 import threading
@@ -36,7 +37,10 @@ def add_arguments(parser):
                         help="address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=None,
                         help="REST port (default 8501); with --rest_api_port, TF Serving's "
-                             "gRPC port, which is not served")
+                             "meaning: the gRPC port")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve TF Serving's gRPC PredictionService and ModelService "
+                             "on this port (needs the tensorflow-serving-api package)")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="rows per batched call across concurrent requests (0: no batching)")
     parser.add_argument("--batch-timeout-ms", type=float, default=0.0,
@@ -64,14 +68,15 @@ def add_arguments(parser):
 
 
 def settings_from(args):
-    """(rest port, Source arguments, Settings, poll seconds), or SystemExit with the reason."""
+    """(REST port, Source arguments, Settings, poll seconds, gRPC port or None), or SystemExit."""
     from tapeworks.serve.app import Settings
 
+    grpc_port = args.grpc_port
     if args.rest_api_port is not None:
-        if args.port is not None:
-            print(f"tapeworks serve: --port={args.port} is TensorFlow Serving's gRPC port; "
-                  "gRPC is not served (REST only, on --rest_api_port).", file=sys.stderr)
+        # TF Serving's flags: --port is its gRPC port.
         port = args.rest_api_port
+        if args.port is not None:
+            grpc_port = args.port
     else:
         port = 8501 if args.port is None else args.port
     if args.model_name and not args.model_base_path:
@@ -90,7 +95,7 @@ def settings_from(args):
                         max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=threads)
     source = dict(root=args.root, model_config_file=args.model_config_file,
                   model_name=args.model_name, model_base_path=args.model_base_path)
-    return port, source, settings, poll
+    return port, source, settings, poll, grpc_port
 
 
 def _freeze_heap():
@@ -117,7 +122,14 @@ def run(args):
     from tapeworks.serve.manager import ModelManager
 
     logging.basicConfig(level=logging.INFO, format="tapeworks serve: %(message)s")
-    port, source_args, settings, poll = settings_from(args)
+    port, source_args, settings, poll, grpc_port = settings_from(args)
+    if grpc_port:
+        try:
+            import tensorflow_serving.apis.prediction_service_pb2_grpc  # noqa: F401
+        except ImportError:
+            raise SystemExit("tapeworks serve: gRPC (--grpc-port, or --port with "
+                             "--rest_api_port) needs TF Serving's messages. Fix: pip install "
+                             "'tapeworks[grpc]' (tensorflow-serving-api).") from None
     try:
         source = Source(**source_args)
     except ServingConfigError as error:
@@ -138,11 +150,31 @@ def run(args):
     poller = threading.Thread(target=manager.poll_forever, args=(poll, stop), daemon=True,
                               name="tapeworks-serve-poller")
     poller.start()
-    print(f"tapeworks serve: {source.describe()} on http://{args.host}:{port} "
-          f"(batching: {settings.max_batch_size or 'off'})", flush=True)
+    print(f"tapeworks serve: {source.describe()} on http://{args.host}:{port}"
+          + (f" and gRPC {args.host}:{grpc_port}" if grpc_port else "")
+          + f" (batching: {settings.max_batch_size or 'off'})", flush=True)
+    config = uvicorn.Config(serving.app, host=args.host, port=port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=5)
+    http = uvicorn.Server(config)
+
+    async def serve():
+        # One event loop for both protocols: gRPC and REST requests share the
+        # batchers, which belong to the loop that created them.
+        grpc_server = None
+        if grpc_port:
+            from tapeworks.serve import grpc_service
+
+            grpc_server = await grpc_service.start(serving, args.host, grpc_port)
+        try:
+            await http.serve()
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=2)
+
     try:
-        uvicorn.run(serving.app, host=args.host, port=port, log_level="warning",
-                    access_log=False, timeout_graceful_shutdown=5)
+        # uvicorn's own choice of loop (uvloop when installed), as uvicorn.run makes it.
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            runner.run(serve())
     finally:
         stop.set()
         serving.executor.shutdown(wait=False, cancel_futures=True)

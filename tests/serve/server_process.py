@@ -17,12 +17,15 @@ def free_port():
 
 
 class Server:
-    def __init__(self, *args, ready_models=(), timeout=90):
+    def __init__(self, *args, grpc=False, timeout=90):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_port = free_port() if grpc else None
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        extra = ["--grpc-port", str(self.grpc_port)] if grpc else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tapeworks.cli", "serve", *args, "--port", str(self.port)],
+            [sys.executable, "-m", "tapeworks.cli", "serve", *args, "--port", str(self.port),
+             *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.monotonic() + timeout
         while True:

@@ -68,8 +68,8 @@ def test_tf_serving_flags_move_over(tmp_path):
     args = parser.parse_args(["--port=8500", "--rest_api_port=8601", "--model_name=m",
                               f"--model_base_path={tmp_path}", "--enable_batching=false",
                               "--file_system_poll_wait_seconds=3"])
-    port, source, settings, poll = settings_from(args)
-    assert (port, poll, settings.max_batch_size) == (8601, 3.0, 0)
+    port, source, settings, poll, grpc_port = settings_from(args)
+    assert (port, poll, settings.max_batch_size, grpc_port) == (8601, 3.0, 0, 8500)
     assert source["model_name"] == "m" and source["model_base_path"] == str(tmp_path)
     with pytest.raises(ServingConfigError, match="Serve one of"):
         Source(str(tmp_path), model_config_file=str(tmp_path / "x"))

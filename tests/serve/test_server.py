@@ -42,7 +42,7 @@ model_config_list {{
   }}
 }}""")
     running = Server(f"--model_config_file={config}", "--max-body-mb", "0.05",
-                     "--max-batch-size", "8")
+                     "--max-batch-size", "8", grpc=True)
     yield running
     running.stop()
 
@@ -231,3 +231,72 @@ def test_health_reports_what_is_loaded(server):
     assert body["models"]["scaled"] == {"default_version": 2, "versions": [1, 2],
                                         "failures": {}}
     assert body["models"]["default"]["versions"] == [123]
+
+
+def test_tf_servings_grpc_clients_work_unchanged(server):
+    """TF Serving's own stubs and messages (tensorflow-serving-api) against the gRPC port."""
+    import grpc
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
+                                         get_model_status_pb2, model_service_pb2_grpc,
+                                         predict_pb2, prediction_service_pb2_grpc,
+                                         regression_pb2)
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "default"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto([[2.0], [3.0]], dtype=tf.float32))
+    response = stub.Predict(request, timeout=30)
+    np.testing.assert_array_equal(tf.make_ndarray(response.outputs["y"]), [[3.0], [3.5]])
+    assert (response.model_spec.name, response.model_spec.version.value) == ("default", 123)
+
+    request = predict_pb2.PredictRequest()   # a version label, and only the outputs asked for
+    request.model_spec.name, request.model_spec.version_label = "scaled", "stable"
+    request.model_spec.signature_name = "two"
+    request.inputs["a"].CopyFrom(tf.make_tensor_proto([[1.0, 2.0]], dtype=tf.float32))
+    request.inputs["tag"].CopyFrom(tf.make_tensor_proto([b"t"]))
+    request.output_filter.append("total")
+    response = stub.Predict(request, timeout=30)
+    assert list(response.outputs) == ["total"] and response.model_spec.version.value == 1
+    np.testing.assert_array_equal(tf.make_ndarray(response.outputs["total"]), [3.0])
+
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[2.0]))}))
+    classify = classification_pb2.ClassificationRequest()
+    classify.model_spec.name, classify.model_spec.signature_name = "default", "classify_x_to_y"
+    classify.input.example_list.examples.add().CopyFrom(example)
+    result = stub.Classify(classify, timeout=30).result
+    assert [(c.label, c.score) for c in result.classifications[0].classes] == [("", 3.0)]
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name, regress.model_spec.signature_name = "default", "regress_x_to_y"
+    regress.input.example_list.examples.add().CopyFrom(example)
+    assert [r.value for r in stub.Regress(regress, timeout=30).result.regressions] == [3.0]
+
+    metadata = get_model_metadata_pb2.GetModelMetadataRequest()
+    metadata.model_spec.name = "default"
+    metadata.metadata_field.append("signature_def")
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    stub.GetModelMetadata(metadata, timeout=30).metadata["signature_def"].Unpack(signatures)
+    assert signatures.signature_def["serving_default"].inputs["x"].name == "x:0"
+
+    models = model_service_pb2_grpc.ModelServiceStub(channel)
+    status = get_model_status_pb2.GetModelStatusRequest()
+    status.model_spec.name = "scaled"
+    versions = models.GetModelStatus(status, timeout=30).model_version_status
+    assert sorted((v.version, v.state) for v in versions) == [(1, 30), (2, 30)]   # AVAILABLE
+
+    missing = predict_pb2.PredictRequest()
+    missing.model_spec.name = "nope"
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Predict(missing, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    wrong = predict_pb2.PredictRequest()
+    wrong.model_spec.name = "scaled"
+    wrong.inputs["x"].CopyFrom(tf.make_tensor_proto([[1, 2, 3]], dtype=tf.int32))
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Predict(wrong, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Expects arg[x] to be float32 but int32 is provided" in caught.value.details()
+    channel.close()
