@@ -229,6 +229,11 @@ class Registry:
     def show(self, name, version=None):
         """One version's information (default: the current one)."""
         state = self._state(name)
+        if version is None and state["current"] is None and self.versions(name):
+            raise RegistryError(
+                f"Model {name!r} has no current version (none was promoted). Expected a "
+                f"version number, one of {[v.version for v in self.versions(name)]}. Fix: "
+                "name the version, or `promote` one.")
         version = state["current"] if version is None else int(version)
         for info in self.versions(name):
             if info.version == version:
@@ -387,6 +392,8 @@ class Registry:
             model_dir = self._model_dir(name)
             state = self._state(name)
             folders = version_folders(model_dir)
+            if not folders:
+                raise RegistryError(self._missing(name, None))
             protected = set(sorted(folders)[-keep:])
             # The previous version: where a rollback goes (the top of the stack),
             # and the one current just before the last move (undoing a rollback).

@@ -114,17 +114,25 @@ class Pruning(tf.Module, StepHooks):
         self.schedule = schedule
         self.scope = scope
         self.structure = structure
-        self._selection = layers
-        self.layers = []       # the pruned layers, in Keras' walk order (set by `build`)
+        # The model's layers and variables, held where tf.Module's tracking does
+        # not look: a checkpoint of this module holds the masks and the
+        # counter only (the kernels are the model's, saved with it).
+        self._selection = Untracked([layers])
+        self._layers = Untracked([])   # the pruned layers, in Keras' walk order (`build`)
+        self._kernels = Untracked([])
         self.masks = []        # one mask per pruned kernel, same order
         self.step = None       # updates of the pruned kernels so far
-        self._kernels = Untracked([])   # the model's variables, not this module's
 
     # Built by the Trainer, once the models' variables exist -----------------
 
     @property
     def built(self):
         return self.step is not None
+
+    @property
+    def layers(self):
+        """The pruned layers, in Keras' walk order (empty until built)."""
+        return list(self._layers.items)
 
     def build(self, models, trained):
         """Selects the layers and creates the masks (all ones) and the counter.
@@ -142,7 +150,7 @@ class Pruning(tf.Module, StepHooks):
                 "`Pruning` found no layer to prune. Expected at least one trained Dense, "
                 "EinsumDense or Conv layer (or the layers named by `layers=`). Fix: name the "
                 "layers to prune with `layers=[...]`.")
-        self.layers = chosen
+        self._layers = Untracked(chosen)
         self._kernels = Untracked([kernel_of(layer) for layer in chosen])
         with tf.init_scope():
             self.masks = [tf.Variable(tf.ones(k.shape, k.dtype), trainable=False,
@@ -151,7 +159,7 @@ class Pruning(tf.Module, StepHooks):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="pruning_step")
 
     def _select(self, candidates, all_layers, trained):
-        selection = self._selection
+        selection = self._selection.items[0]
         if selection is None:
             chosen = [layer for layer in candidates if isinstance(layer, DEFAULT_LAYERS)
                       and id(kernel_of(layer)) in trained]

@@ -167,6 +167,8 @@ def test_a_pruned_checkpoint_resumes_bit_for_bit(tmp_path):
     straight = run()
     straight.fit(x, y, batch_size=16, epochs=4, verbose=0)
     assert int(resumed.pruning.step) == int(straight.pruning.step) == 32
+    # The checkpoint holds the masks and the counter; the kernels once, with the model.
+    assert len(straight.pruning.variables) == len(straight.pruning.masks) + 1 == 3
     for a, b in zip(resumed.model.get_weights() + resumed.pruning.masks,
                     straight.model.get_weights() + straight.pruning.masks):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

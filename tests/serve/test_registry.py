@@ -66,6 +66,11 @@ def test_gc_keeps_the_newest_the_current_and_the_previous(tmp_path, exported):
     assert registry.gc("scaled", keep=1) == []
     with pytest.raises(RegistryError, match="`keep` must be an integer >= 1"):
         registry.gc("scaled", keep=0)
+    with pytest.raises(RegistryError, match="No model 'other'"):
+        registry.gc("other", keep=1)
+    registry.publish("unpromoted", exported[1])
+    with pytest.raises(RegistryError, match="'unpromoted' has no current version.*\\[1\\]"):
+        registry.show("unpromoted")
 
 
 def test_bad_names_and_sources_are_refused_and_nothing_is_written(tmp_path, exported):
