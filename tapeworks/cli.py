@@ -408,7 +408,8 @@ def build_parser():
     actions.required = True
     publish = actions.add_parser("publish", help="copy a SavedModel in as the next version")
     publish.add_argument("name")
-    publish.add_argument("path", help="a SavedModel folder (tapeworks export writes one)")
+    publish.add_argument("path", help="a SavedModel folder (tapeworks export writes one), or a "
+                                      ".keras file (exported and verified first)")
     publish.add_argument("--label", help="a human label, e.g. v1.2")
     publish.add_argument("--metrics", help="training metrics as JSON, e.g. '{\"accuracy\": 0.95}'")
     publish.add_argument("--checkpoint", help="the checkpoint it came from")

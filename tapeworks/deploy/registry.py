@@ -260,7 +260,8 @@ class Registry:
         """Copies a SavedModel in as the next integer version; returns its `VersionInfo`.
 
         `source`: a SavedModel folder (e.g. what `tapeworks.deploy.export`
-        wrote), or a Keras model, exported and verified first. The copy is
+        wrote), or a Keras model or `.keras` file (loaded with safe_mode=True),
+        exported and verified first. The copy is
         hashed against the source and loaded before it becomes visible; a
         copy that differs or does not load is never published. With
         `promote=True` it also becomes `current`.
@@ -319,17 +320,28 @@ class Registry:
         """Puts the SavedModel to publish at `copy`; returns its source folder (None: exported)."""
         import keras
 
+        source = source if isinstance(source, keras.Model) else os.fspath(source)
+        if isinstance(source, str) and source.endswith(".keras") and os.path.isfile(source):
+            try:
+                # Safe mode: a Lambda's Python code is not run to publish a model.
+                source = keras.saving.load_model(source, safe_mode=True)
+            except (ValueError, OSError, TypeError) as error:
+                raise RegistryError(
+                    f"{source} does not load as a Keras model with safe_mode=True "
+                    f"({str(error).splitlines()[0][:300]}). Nothing was published. Fix: "
+                    "register its custom classes (keras.saving.register_keras_serializable), "
+                    "or export a SavedModel from the script that defines them.") from None
         if isinstance(source, keras.Model):
             from tapeworks.deploy import export
 
+            # Exported, then verified against the model in a fresh process.
             export(source, copy, format="saved_model", sample=sample)
             return None
-        source = os.fspath(source)
         if not os.path.isfile(os.path.join(source, "saved_model.pb")):
             raise RegistryError(
                 f"{source} is not a SavedModel folder (no saved_model.pb in it). Expected what "
-                "tapeworks.deploy.export(model, path) or tf.saved_model.save writes. Fix: "
-                "export the model first, or pass the keras.Model itself.")
+                "tapeworks.deploy.export(model, path) or tf.saved_model.save writes, or a "
+                ".keras file. Fix: export the model first, or pass the keras.Model itself.")
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(VERSION_FILE))
         return source
 

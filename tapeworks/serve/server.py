@@ -164,7 +164,10 @@ def run(args):
         if grpc_port:
             from tapeworks.serve import grpc_service
 
-            grpc_server = await grpc_service.start(serving, args.host, grpc_port)
+            try:
+                grpc_server = await grpc_service.start(serving, args.host, grpc_port)
+            except OSError as error:
+                raise SystemExit(f"tapeworks serve: {error} (is the port taken?)") from None
         try:
             await http.serve()
         finally:

@@ -162,3 +162,26 @@ def test_cli_lists_shows_and_refuses_with_exit_status_1(tmp_path, exported, caps
     assert (shown["version"], shown["label"], shown["current"]) == (1, "v1", True)
     assert cli.main(["registry", "--root", str(tmp_path), "promote", "scaled", "9"]) == 1
     assert "has no version 9" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_keras_file_is_exported_verified_and_published(tmp_path, capsys):
+    import keras
+
+    from tapeworks import cli
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="out")])
+    model.save(tmp_path / "model.keras")
+    assert cli.main(["registry", "--root", str(tmp_path / "models"), "publish", "m",
+                     str(tmp_path / "model.keras"), "--promote"]) == 0
+    info = Registry(tmp_path / "models").show("m")
+    assert info.version == 1 and info.source is None
+    assert info.signatures["serving_default"]["outputs"] == {
+        "output_0": {"dtype": "float32", "shape": [None, 2]}}
+    (tmp_path / "lambda.keras").write_bytes(b"not a zip")
+    assert cli.main(["registry", "--root", str(tmp_path / "models"), "publish", "m",
+                     str(tmp_path / "lambda.keras")]) == 1
+    assert "does not load as a Keras model with safe_mode=True" in capsys.readouterr().err
+    assert [v.version for v in Registry(tmp_path / "models").versions("m")] == [1]
