@@ -31,6 +31,8 @@ import shutil
 import tempfile
 import time
 
+import numpy as np
+
 from tapeworks.errors import TapeworksError
 
 VERSION_FILE = "tapeworks-version.json"
@@ -335,7 +337,16 @@ class Registry:
             from tapeworks.deploy import export
 
             # Exported, then verified against the model in a fresh process.
-            export(source, copy, format="saved_model", sample=sample)
+            report = export(source, copy, format="saved_model", sample=sample)
+            from tapeworks.serve import warmup
+
+            if sample is not None and warmup.available():
+                # The sample as TF Serving's warm-up requests (one example each):
+                # TF Serving and `tapeworks serve` warm up on real inputs.
+                arrays = sample if isinstance(sample, dict) else (
+                    dict(zip(report.inputs, sample)) if isinstance(sample, (list, tuple))
+                    else {report.inputs[0]: sample})
+                warmup.write(copy, {k: np.asarray(v) for k, v in arrays.items()})
             return None
         if not os.path.isfile(os.path.join(source, "saved_model.pb")):
             raise RegistryError(

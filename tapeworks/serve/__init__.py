@@ -4,6 +4,7 @@
 registry), `servable.py` (one loaded SavedModel version), `manager.py` (the
 loaded versions and the hot-reload switch), `rest.py` (TF Serving's JSON
 bodies), `batching.py` (dynamic batching), `app.py` (the ASGI application),
-`grpc_service.py` (TF Serving's gRPC services, optional), `server.py` (the
+`warmup.py` (TF Serving's warm-up file), `grpc_service.py` (TF Serving's
+gRPC services, optional), `server.py` (the
 command line: uvicorn and gRPC on one event loop, the poller).
 """

@@ -114,7 +114,7 @@ class ModelManager:
             started = time.perf_counter()
             try:
                 servable = Servable(name, version, path)
-                servable.warm_up(self.warm_batch_sizes)
+                warmed = servable.warm_up(self.warm_batch_sizes)
             except Exception as error:   # noqa: BLE001 - a bad version must not stop serving
                 message = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:500]}"
                 self._failed[(name, version)] = (stamp, message)
@@ -125,8 +125,8 @@ class ModelManager:
             failures.pop(version, None)
             loaded[version] = servable
             newly += 1
-            logger.info("model %s version %s loaded in %.2f s", name, version,
-                        time.perf_counter() - started)
+            logger.info("model %s version %s loaded in %.2f s (warmed up with %s)", name,
+                        version, time.perf_counter() - started, warmed)
         wanted_available = [v for v in plan.versions if v in loaded]
         if wanted_available:
             loaded = {v: s for v, s in loaded.items() if v in plan.versions}

@@ -147,7 +147,24 @@ class Servable:
         return {k: v.numpy() for k, v in outputs.items()}
 
     def warm_up(self, batch_sizes=(1,)):
-        """Calls every numeric, batchable signature once per batch size (TF and oneDNN caches)."""
+        """Replays the version's TF Serving warm-up requests, or feeds zeros; returns which.
+
+        With `assets.extra/tf_serving_warmup_requests` (TF Serving's format),
+        each of its requests runs once, as TF Serving does. Without, every
+        numeric, batchable signature runs once per batch size on zeros of its
+        shape (TensorFlow's and oneDNN's per-shape caches).
+        """
+        from tapeworks.serve import warmup
+
+        requests = warmup.read(self.path)
+        if requests:
+            for _, signature, inputs in requests:
+                key = signature or DEFAULT_SIGNATURE
+                if key not in self.functions:
+                    raise ValueError(f"warm-up request for signature {key!r}, which the model "
+                                     "does not have")
+                self.run(key, inputs)
+            return f"{len(requests)} TF Serving warm-up request(s)"
         for key, specs in self.specs.items():
             if key not in self.functions or not self.batchable(key):
                 continue
@@ -157,6 +174,7 @@ class Servable:
             for size in batch_sizes:
                 self.run(key, {k: np.zeros([size] + s.shape[1:], s.dtype.as_numpy_dtype)
                                for k, s in specs.items()})
+        return "zeros of each signature's shape"
 
 
 # JSON values -> arrays ----------------------------------------------------
