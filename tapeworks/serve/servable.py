@@ -222,6 +222,16 @@ def to_array(value, spec, where):
             f"string: JSON Value: {_short(value)} Type: String is not of expected type: "
             f"{_TF_SERVING_TYPE_NAMES.get(spec.dtype.name, spec.dtype.name)}. Expected "
             f"{spec.describe()}.")
+    found = _first_of_wrong_kind(value, spec.dtype)
+    if found:
+        wrong = found[0]
+        # As TF Serving: an integer input takes whole JSON numbers only (1.5 is
+        # not silently truncated), a bool input true/false, a float input numbers.
+        raise RequestError(
+            f"{where}: input '{spec.name}' expects {spec.dtype.name} values; received "
+            f"{_short(wrong)}: JSON Value: {_short(wrong)} Type: {_json_type(wrong)} is not of "
+            f"expected type: {_TF_SERVING_TYPE_NAMES.get(spec.dtype.name, spec.dtype.name)}. "
+            f"Expected {spec.describe()}.")
     try:
         array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype)
     except (ValueError, TypeError) as error:
@@ -230,6 +240,23 @@ def to_array(value, spec, where):
         raise RequestError(f"{where}: input '{spec.name}' could not be read as "
                            f"{spec.dtype.name}: {reason}. Expected {spec.describe()}.") from None
     return array
+
+
+def _first_of_wrong_kind(value, dtype):
+    """(the first JSON scalar in `value` the numeric `dtype` does not take,), or ()."""
+    if isinstance(value, list):
+        for item in value:
+            found = _first_of_wrong_kind(item, dtype)
+            if found:
+                return found
+        return ()
+    if dtype.is_bool:
+        return () if isinstance(value, bool) else (value,)
+    if isinstance(value, bool) or value is None:
+        return (value,)
+    if dtype.is_integer and isinstance(value, float):
+        return (value,)
+    return ()
 
 
 # TensorFlow's DataTypeString names, which TF Serving's messages use.

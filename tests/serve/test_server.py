@@ -176,6 +176,10 @@ def test_versions_labels_and_what_is_not_there(server):
                                            "not of expected type: float"),
     (b'{"instances": [[1, 1]]}', 400, "input 'x' has shape [1, 2]; expected float32 of shape "
                                       "[-1, 3]"),
+    (b'{"instances": [[1, true, 1]]}', 400, "JSON Value: true Type: Bool is not of expected "
+                                            "type: float"),
+    (b'{"instances": [[1, null, 1]]}', 400, "JSON Value: null Type: Null is not of expected "
+                                            "type: float"),
     (b'{"instances": [[1, 1, 1], [1, 1]]}', 400, "every instance must have the same shape"),
     (b'{"signature_name": "nope", "instances": [[1, 1, 1]]}', 400,
      'Serving signature name: "nope" not found'),
