@@ -17,6 +17,7 @@ queue full, with Retry-After). Every answer from a model carries
 
 import asyncio
 import json
+import logging
 import re
 import time
 import urllib.parse
@@ -31,6 +32,7 @@ from tapeworks.serve import rest
 from tapeworks.serve.batching import Batcher, QueueFull
 from tapeworks.serve.servable import CLASSIFY, PREDICT, REGRESS, RequestError
 
+logger = logging.getLogger("tapeworks.serve")
 PREDICTION = re.compile(
     r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
     r"(classify|regress|predict)")
@@ -89,7 +91,7 @@ class ServingApp:
         self.metrics = Metrics()
         self.executor = ThreadPoolExecutor(max_workers=self.settings.threads,
                                            thread_name_prefix="tapeworks-serve")
-        self._batchers = {}   # (id(servable), signature, trailing shapes) -> Batcher
+        self._batchers = {}   # (id(servable), signature, None, model name) -> Batcher
         manager.on_switch = self._switched
         for name, state in list(manager.states.items()):
             self._switched(name, state)
@@ -175,12 +177,19 @@ class ServingApp:
                 f"The queue of model {name!r} is full ({self.settings.max_queue} requests "
                 "waiting). Retry after a moment, or raise --max-queue.", 503,
                 {"Retry-After": "1"}))
+        except Exception as error:   # noqa: BLE001 - TF Serving's answer: a JSON error, 500
+            logger.exception("request %s %s failed", request.method, path)
+            return self._answer(name, method, started, _error(
+                f"Internal error: {type(error).__name__}: {error}", 500))
 
     def _answer(self, name, method, started, response, version=None):
         if version is not None:
             response.headers["X-Model-Version"] = str(version)
-        self.metrics.requests.labels(name or "", method, str(response.status_code)).inc()
-        self.metrics.latency.labels(name or "", method).observe(time.perf_counter() - started)
+        # Names nobody serves share one label: a client inventing names must not
+        # grow the metrics without bound.
+        model = name if name in self.manager.states else "(unknown)"
+        self.metrics.requests.labels(model, method, str(response.status_code)).inc()
+        self.metrics.latency.labels(model, method).observe(time.perf_counter() - started)
         return response
 
     async def _body(self, request):
@@ -237,11 +246,17 @@ class ServingApp:
                 raise RequestError(_tensorflow_message(error)) from None
 
         rows = {len(a) if a.ndim else None for a in inputs.values()}
+        specs = servable.specs[key]
+        # Batched only where every input's shape past the batch is the
+        # signature's own, fully known: requests then always concatenate, and
+        # one batcher per signature is enough (a TF1 graph fed other shapes, or
+        # a signature with unknown sizes, runs each request as it came).
+        fixed = all(specs[k].shape is not None and None not in specs[k].shape[1:]
+                    and tuple(specs[k].shape[1:]) == a.shape[1:] for k, a in inputs.items())
         if settings.max_batch_size <= 1 or not servable.batchable(key) or len(rows) != 1 \
-                or None in rows:
+                or None in rows or not fixed:
             return await loop.run_in_executor(self.executor, run, inputs)
-        shapes = tuple(sorted((k, a.shape[1:], str(a.dtype)) for k, a in inputs.items()))
-        batch_key = (id(servable), key, shapes, servable.name)
+        batch_key = (id(servable), key, None, servable.name)
         batcher = self._batchers.get(batch_key)
         if batcher is None:
             batcher = self._batchers[batch_key] = Batcher(

@@ -225,6 +225,11 @@ def test_concurrent_requests_each_get_their_own_rows(server):
     assert not errors and len(results) == 16
     metrics = server.text("/metrics")
     assert 'tapeworks_requests_total{code="200",method="predict",model="scaled"}' in metrics
+    # Names nobody serves share one label.
+    assert server.post("/v1/models/made_up_name:predict", {"instances": [1]})[0] == 404
+    metrics = server.text("/metrics")
+    assert 'model="made_up_name"' not in metrics
+    assert 'tapeworks_requests_total{code="404",method="predict",model="(unknown)"}' in metrics
     assert "tapeworks_batch_size_bucket" in metrics and "tapeworks_queue_depth" in metrics
     assert 'tapeworks_request_latency_seconds_bucket{le="0.001",method="predict"' in metrics
 
