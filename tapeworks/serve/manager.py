@@ -161,4 +161,8 @@ class ModelManager:
 
     def poll_forever(self, seconds, stop):
         while not stop.wait(seconds):
-            self.sync()
+            try:
+                self.sync()
+            except Exception:   # noqa: BLE001 - the poller must outlive any one poll
+                logger.exception("reading %s failed; serving what is loaded",
+                                 self.source.describe())
