@@ -274,12 +274,17 @@ class Pruning(tf.Module, StepHooks):
 def _threshold(magnitudes, sparsity):
     """The magnitude at or below which `round(sparsity * n)` of `n` values lie (-1 for none).
 
+    Never all `n`: at most `n - 1` are pruned.
+
     Masking `magnitude > threshold` prunes exactly that many when magnitudes
     are distinct; zeros (weights pruned before) tie at 0 and are all pruned,
     which never prunes fewer.
     """
     size = tf.size(magnitudes)
-    count = tf.cast(tf.round(sparsity * tf.cast(size, tf.float32)), tf.int32)
+    # At most all but one: a tiny kernel at a high sparsity (0.95 of 10 weights
+    # rounds to 10) keeps its largest weight rather than vanishing.
+    count = tf.minimum(tf.cast(tf.round(sparsity * tf.cast(size, tf.float32)), tf.int32),
+                       size - 1)
     ordered = tf.sort(magnitudes)
     at = tf.gather(ordered, tf.maximum(count - 1, 0))
     return tf.where(count > 0, at, tf.constant(-1.0, magnitudes.dtype))
