@@ -7,11 +7,11 @@ re-read on every poll, so a promotion in the registry (which rewrites
 default policy serves the latest) or an edited config file all reach the
 server without a restart.
 
-The config file is parsed by protobuf's own text format parser, into message
-classes built here from TF Serving's `model_server_config.proto` (the subset
-a model config list uses, with TF Serving's field numbers): the
-`tensorflow-serving-api` package that ships them requires TensorFlow >= 2.21,
-so it is only the optional `grpc` extra, and REST serving does without it.
+The config file is parsed by protobuf's own text format parser, into TF
+Serving's `ModelServerConfig` from `tensorflow-serving-api` when it is
+installed (the optional `grpc` extra: it requires TensorFlow >= 2.21), else
+into message classes built here from TF Serving's `model_server_config.proto`
+(the subset a model config list uses, with TF Serving's field numbers).
 """
 
 import dataclasses
@@ -95,7 +95,14 @@ def parse_model_config(text, where="the model config file"):
     from google.protobuf import text_format
 
     if _SERVER_CONFIG is None:
-        _SERVER_CONFIG = _messages()
+        try:
+            # TF Serving's own message, every field of it (logging_config, ...),
+            # when the optional tensorflow-serving-api is installed.
+            from tensorflow_serving.config.model_server_config_pb2 import ModelServerConfig
+
+            _SERVER_CONFIG = ModelServerConfig
+        except ImportError:
+            _SERVER_CONFIG = _messages()
     config = _SERVER_CONFIG()
     try:
         text_format.Parse(text, config)

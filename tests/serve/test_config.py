@@ -73,3 +73,18 @@ def test_tf_serving_flags_move_over(tmp_path):
     assert source["model_name"] == "m" and source["model_base_path"] == str(tmp_path)
     with pytest.raises(ServingConfigError, match="Serve one of"):
         Source(str(tmp_path), model_config_file=str(tmp_path / "x"))
+
+
+def test_the_built_in_messages_read_what_tf_servings_own_read(tmp_path, monkeypatch):
+    """The subset built without tensorflow-serving-api gives the same plan as TF Serving's."""
+    from tapeworks.serve import config as config_module
+
+    versions(tmp_path / "m", "1", "2")
+    text = f"""model_config_list {{ config {{
+        name: "m" base_path: "{tmp_path / 'm'}" model_platform: "tensorflow"
+        model_version_policy {{ specific {{ versions: 1 }} }}
+        version_labels {{ key: "stable" value: 1 }} }} }}"""
+    with_theirs = config_module.parse_model_config(text)
+    monkeypatch.setattr(config_module, "_SERVER_CONFIG", config_module._messages())
+    assert config_module.parse_model_config(text) == with_theirs == [
+        ("m", str(tmp_path / "m"), ("specific", [1]), {"stable": 1})]

@@ -39,6 +39,16 @@ def test_publish_promote_rollback_and_the_tf_serving_config(tmp_path, exported):
     # The config TF Serving reads pins the current version, parsed by protobuf.
     config = parse_model_config((tmp_path / "models.config").read_text())
     assert config == [("scaled", str(tmp_path / "scaled"), ("specific", [3]), {})]
+    # TF Serving's own ModelServerConfig message (tensorflow-serving-api) reads it too.
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    theirs = text_format.Parse((tmp_path / "models.config").read_text(),
+                               model_server_config_pb2.ModelServerConfig())
+    (model,) = theirs.model_config_list.config
+    assert (model.name, model.base_path, model.model_platform) == (
+        "scaled", str(tmp_path / "scaled"), "tensorflow")
+    assert list(model.model_version_policy.specific.versions) == [3]
     assert registry.rollback("scaled") == 2 and registry.rollback("scaled") == 1
     with pytest.raises(RegistryError, match="no previous current version to roll back to"):
         registry.rollback("scaled")
