@@ -115,8 +115,14 @@ class Launcher:
                     pass
 
     def _stop_others(self):
-        """SIGTERM to the workers still running; SIGKILL to those still there after `grace`."""
-        self._signal_all(signal.SIGTERM)
+        """SIGTERM to the workers still running; SIGKILL to those still there after `grace`.
+
+        After a signal was passed on, the workers already have theirs: one that
+        exits first (with 143) must not get the others a second SIGTERM while
+        they save and exit (seen under load: a worker handled SIGTERM twice).
+        """
+        if not self._signalled:
+            self._signal_all(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and any(p.poll() is None for p in self.processes):
             time.sleep(0.05)

@@ -124,7 +124,9 @@ def test_sigterm_to_the_launcher_reaches_every_worker_once(tmp_path):
         deadline = time.monotonic() + 60
         while not seen and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.5)   # a second signal would arrive here
+        # Worker 0 exits first (143); a second signal to worker 1 would arrive
+        # while it still works (the launcher once sent one as it stopped the rest).
+        time.sleep(0.2 if index == 0 else 1.5)
         open({str(tmp_path)!r} + f"/seen{{index}}", "w").write(str(len(seen)))
         sys.exit(143 if seen else 0)
         """)
