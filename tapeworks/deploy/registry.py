@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from tapeworks.errors import TapeworksError
+from tapeworks.fileio import fsync_folder
 
 VERSION_FILE = "tapeworks-version.json"
 META_DIR = ".tapeworks"
@@ -109,15 +110,7 @@ def _fsync_tree(folder):
         for name in files:
             with open(os.path.join(base, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(base)
-
-
-def _fsync_dir(folder):
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_folder(base)
 
 
 def write_atomically(path, text):
@@ -130,7 +123,7 @@ def write_atomically(path, text):
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
-        _fsync_dir(folder)
+        fsync_folder(folder)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
@@ -307,7 +300,7 @@ class Registry:
                     json.dump(dict(info.to_json(), version=info.version), f, indent=2)
                 _fsync_tree(copy)
                 os.rename(copy, info.path)
-                _fsync_dir(self._model_dir(name))
+                fsync_folder(self._model_dir(name))
                 state = self._state(name)
                 state["history"].append(self._event("publish", None, info.version, label))
                 if promote:

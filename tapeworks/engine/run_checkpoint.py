@@ -68,6 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.errors import ConfigError, CorrectnessWarning, TapeworksError, warn
+from tapeworks.fileio import fsync_folder
 
 logger = logging.getLogger("tapeworks")
 
@@ -159,19 +160,6 @@ def _crc32(path):
         for block in iter(lambda: f.read(1 << 22), b""):
             crc = zlib.crc32(block, crc)
     return f"{crc:08x}"
-
-
-def _fsync_folder(path):
-    try:
-        handle = os.open(path, os.O_RDONLY)
-    except OSError:
-        return   # not possible on every platform; the rename is still atomic
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
 
 
 def _write_json(path, value):
@@ -276,7 +264,7 @@ class CheckpointFolder:
                 files[os.path.relpath(full, partial)] = {
                     "bytes": os.path.getsize(full), "crc32": _crc32(full)}
         _write_json(os.path.join(partial, MANIFEST), {"format": FORMAT, "files": files})
-        _fsync_folder(partial)
+        fsync_folder(partial)
         replaced = None
         if os.path.exists(final):
             # The same step saved again (the end of the run after a
@@ -285,7 +273,7 @@ class CheckpointFolder:
             replaced = f"{final}.replaced-{os.getpid()}"
             os.rename(final, replaced)
         os.rename(partial, final)
-        _fsync_folder(self.path)
+        fsync_folder(self.path)
         if replaced:
             shutil.rmtree(replaced, ignore_errors=True)
         return final
