@@ -2,25 +2,20 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tapeworks.launch import free_ports
 
 
 class Server:
     def __init__(self, *args, grpc=False, timeout=90):
-        self.port = free_port()
+        ports = free_ports(2 if grpc else 1)
+        self.port, self.grpc_port = ports[0], (ports[1] if grpc else None)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.grpc_port = free_port() if grpc else None
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
         extra = ["--grpc-port", str(self.grpc_port)] if grpc else []
         self.process = subprocess.Popen(

@@ -65,16 +65,10 @@ def _export_models(root, quick):
     return bodies
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(root, batch):
-    port = _free_port()
+    from tapeworks.launch import free_ports
+
+    port = free_ports(1)[0]
     process = subprocess.Popen(
         [sys.executable, "-m", "tapeworks.cli", "serve", root, "--port", str(port),
          "--max-batch-size", str(batch), "--max-queue", "1024"],
