@@ -16,7 +16,6 @@ queue full, with Retry-After). Every answer from a model carries
 """
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -30,7 +29,7 @@ from starlette.routing import Route
 
 from tapeworks.serve import rest
 from tapeworks.serve.batching import Batcher, QueueFull
-from tapeworks.serve.servable import CLASSIFY, PREDICT, REGRESS, RequestError
+from tapeworks.serve.servable import CLASSIFY, REGRESS, RequestError
 
 logger = logging.getLogger("tapeworks.serve")
 PREDICTION = re.compile(
@@ -214,22 +213,14 @@ class ServingApp:
     async def _call(self, servable, method, body):
         document, signature_name = rest.parse_body(body)
         if method == "predict":
-            signature, _ = servable.signature(signature_name)
+            servable.signature(signature_name)
             key = signature_name or "serving_default"
             inputs, format = rest.predict_inputs(document, servable.specs[key],
                                                  servable.checks_shapes)
             outputs = await self.run_model(servable, key, inputs)
             return rest.predict_response(outputs, format)
         wanted = CLASSIFY if method == "classify" else REGRESS
-        signature, _ = servable.signature(signature_name, wanted)
-        key = signature_name or "serving_default"
-        specs = servable.specs[key]
-        if list(specs) != ["inputs"] or not specs["inputs"].is_string:
-            raise RequestError(
-                f"Signature '{key}' cannot take {method} requests: expected one input Tensor "
-                f"named 'inputs' of serialized tf.Examples (string); it has "
-                f"{', '.join(f'{k} ({s.describe()})' for k, s in specs.items())}. Fix: "
-                "call :predict with this signature.")
+        key = servable.example_signature(signature_name, wanted)
         outputs = await self.run_model(servable, key, {"inputs": rest.examples(document, wanted)})
         return rest.classify_response(outputs) if method == "classify" else \
             rest.regress_response(outputs)
@@ -272,8 +263,4 @@ def _tensorflow_message(error):
     return text.strip().splitlines()[0][:1000] if text.strip() else type(error).__name__
 
 
-def to_json(value):
-    return json.dumps(value)
-
-
-__all__ = ["ServingApp", "Settings", "PREDICT"]
+__all__ = ["ServingApp", "Settings"]

@@ -13,8 +13,10 @@ in the response's `model_spec`, as TF Serving does.
 import grpc
 import numpy as np
 
+from tapeworks.serve import rest
 from tapeworks.serve.batching import QueueFull
-from tapeworks.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, RequestError
+from tapeworks.serve.servable import (CLASSIFY, DEFAULT_SIGNATURE, REGRESS, RequestError,
+                                      check_shape)
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
           413: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL,
@@ -64,12 +66,7 @@ def build_services(serving):
 
     async def examples_call(request, context, method):
         servable = resolve(request.model_spec)
-        key = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        servable.signature(key, method)
-        specs = servable.specs[key]
-        if list(specs) != ["inputs"] or not specs["inputs"].is_string:
-            raise RequestError(f"Signature '{key}' takes no serialized tf.Examples as "
-                               "'inputs'.")
+        key = servable.example_signature(request.model_spec.signature_name, method)
         which = request.input.WhichOneof("kind")
         if which == "example_list_with_context":
             listed = request.input.example_list_with_context
@@ -112,8 +109,6 @@ def build_services(serving):
                             f"Expects arg[{name}] to be {specs[name].dtype.name} but "
                             f"{tf.dtypes.as_dtype(proto.dtype).name} is provided")
                     if servable.checks_shapes:
-                        from tapeworks.serve.servable import check_shape
-
                         check_shape(array, specs[name], "request")
                     inputs[name] = array
                 outputs = await serving.run_model(servable, key, inputs)
@@ -135,18 +130,12 @@ def build_services(serving):
                 servable, key, outputs = await examples_call(request, context, CLASSIFY)
                 response = classification_pb2.ClassificationResponse()
                 answered_spec(response, servable, key)
-                classes, scores = outputs.get("classes"), outputs.get("scores")
-                rows = len(classes if classes is not None else scores)
-                for i in range(rows):
+                for row in rest.classifications(outputs):
                     classification = response.result.classifications.add()
-                    row_classes = [] if classes is None else np.reshape(classes[i], [-1])
-                    row_scores = [] if scores is None else np.reshape(scores[i], [-1])
-                    for j in range(max(len(row_classes), len(row_scores))):
-                        item = classification.classes.add()
-                        if classes is not None:
-                            item.label = row_classes[j].decode("utf-8", errors="replace")
-                        if scores is not None:
-                            item.score = float(row_scores[j])
+                    for label, score in row:
+                        item = classification.classes.add(label=label)
+                        if score is not None:
+                            item.score = float(score)
                 return response
 
             return await guarded(context, call)
@@ -154,12 +143,9 @@ def build_services(serving):
         async def Regress(self, request, context):
             async def call():
                 servable, key, outputs = await examples_call(request, context, REGRESS)
-                values = np.asarray(outputs.get("outputs"))
-                if values.ndim == 2 and values.shape[1] == 1:
-                    values = values[:, 0]
                 response = regression_pb2.RegressionResponse()
                 answered_spec(response, servable, key)
-                for value in values:
+                for value in rest.regressions(outputs):
                     response.result.regressions.add().value = float(value)
                 return response
 

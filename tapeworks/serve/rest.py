@@ -15,8 +15,8 @@ import json
 
 import numpy as np
 
-from tapeworks.serve.servable import (CLASSIFY, RequestError, _json_type, _short, check_shape,
-                                      from_array, to_array)
+from tapeworks.serve.servable import (CLASSIFY, RequestError, _decode_strings, _json_type,
+                                      _short, check_shape, from_array, to_array)
 
 ROW, COLUMNAR = "row", "columnar"
 
@@ -213,8 +213,6 @@ def _features(value):
                 kinds.add("bytes")
                 converted.append(v.encode())
             elif isinstance(v, dict) and set(v) == {"b64"}:
-                from tapeworks.serve.servable import _decode_strings
-
                 kinds.add("bytes")
                 converted.append(_decode_strings(v))
             else:
@@ -232,26 +230,28 @@ def _features(value):
     return features
 
 
-def classify_response(outputs):
-    """{"results": [[[label, score], ...] per example]} from a classify signature's outputs."""
+def classifications(outputs):
+    """[[(label, score), ...] per example] of a classify signature's outputs (REST and gRPC).
+
+    A label is "" without a `classes` output; a score is None without `scores`.
+    """
     classes, scores = outputs.get("classes"), outputs.get("scores")
     if classes is None and scores is None:
         raise RequestError("Classification signature has neither 'classes' nor 'scores' "
                            "outputs", 500)
-    count = len(classes if classes is not None else scores)
     result = []
-    for i in range(count):
+    for i in range(len(classes if classes is not None else scores)):
         row_scores = [] if scores is None else np.reshape(scores[i], [-1])
         row_classes = [] if classes is None else np.reshape(classes[i], [-1])
-        width = max(len(row_scores), len(row_classes))
         result.append([
-            [row_classes[j].decode("utf-8", errors="replace") if classes is not None else "",
-             float(np.float32(row_scores[j]).astype(str)) if scores is not None else 0.0]
-            for j in range(width)])
-    return {"results": result}
+            (row_classes[j].decode("utf-8", errors="replace") if classes is not None else "",
+             np.float32(row_scores[j]) if scores is not None else None)
+            for j in range(max(len(row_scores), len(row_classes)))])
+    return result
 
 
-def regress_response(outputs):
+def regressions(outputs):
+    """A regress signature's values, one per example (its `outputs`: [batch] or [batch, 1])."""
     values = outputs.get("outputs")
     if values is None:
         raise RequestError("Regression signature has no 'outputs' output", 500)
@@ -261,4 +261,14 @@ def regress_response(outputs):
     if values.ndim != 1:
         raise RequestError(f"Expected output Tensor shape to be [batch_size] or "
                            f"[batch_size, 1] but got {list(values.shape)}", 400)
-    return {"results": from_array("outputs", values.astype(np.float32))}
+    return values.astype(np.float32)
+
+
+def classify_response(outputs):
+    """{"results": [[[label, score], ...] per example]}, scores in float32's shortest digits."""
+    return {"results": [[[label, 0.0 if score is None else float(score.astype(str))]
+                         for label, score in row] for row in classifications(outputs)]}
+
+
+def regress_response(outputs):
+    return {"results": from_array("outputs", regressions(outputs))}

@@ -99,6 +99,13 @@ class Servable:
                              [None if d.size < 0 else d.size for d in info.tensor_shape.dim],
                              info.name)
                 for k, info in signature.inputs.items()}
+        # Read per request on the serving path: decided once, from the signature defs.
+        self._batchable = {}
+        for key, signature in self.meta_graph.signature_def.items():
+            infos = list(signature.inputs.values()) + list(signature.outputs.values())
+            self._batchable[key] = bool(signature.inputs) and all(
+                not i.tensor_shape.unknown_rank and i.tensor_shape.dim
+                and i.tensor_shape.dim[0].size < 0 for i in infos)
 
     # What a signature is -------------------------------------------------
 
@@ -114,20 +121,28 @@ class Servable:
                                f"{signature.method_name}")
         return signature, self.functions[key]
 
+    def example_signature(self, name, method):
+        """The key of signature `name` for classify/regress, checked to take serialized Examples."""
+        self.signature(name, method)
+        key = name or DEFAULT_SIGNATURE
+        specs = self.specs[key]
+        if list(specs) != ["inputs"] or not specs["inputs"].is_string:
+            verb = "classify" if method == CLASSIFY else "regress"
+            raise RequestError(
+                f"Signature '{key}' cannot take {verb} requests: expected one input Tensor "
+                f"named 'inputs' of serialized tf.Examples (string); it has "
+                f"{', '.join(f'{k} ({s.describe()})' for k, s in specs.items())}. Fix: "
+                "call :predict with this signature.")
+        return key
+
     def batchable(self, key):
         """Whether requests to signature `key` can be stacked along a leading batch dimension."""
-        signature = self.meta_graph.signature_def[key]
-        infos = list(signature.inputs.values()) + list(signature.outputs.values())
-        return bool(signature.inputs) and all(
-            not i.tensor_shape.unknown_rank and i.tensor_shape.dim
-            and i.tensor_shape.dim[0].size < 0 for i in infos)
+        return self._batchable[key]
 
     def metadata(self):
         """TF Serving's GetModelMetadataResponse, as its REST API writes it."""
         from google.protobuf import json_format
-        from tensorflow.core.protobuf import meta_graph_pb2
 
-        del meta_graph_pb2   # the SignatureDef messages come with the meta graph
         signatures = {k: json_format.MessageToDict(v, preserving_proto_field_name=True,
                                                    always_print_fields_with_no_presence=True)
                       for k, v in self.meta_graph.signature_def.items()}
@@ -212,7 +227,7 @@ def to_array(value, spec, where):
     """A JSON value as an array of the input's dtype; errors name the input and what was wrong."""
     if spec.is_string:
         array = np.array(_decode_strings(value), dtype=object)
-        if array.dtype != object or any(not isinstance(v, bytes) for v in array.flat):
+        if any(not isinstance(v, bytes) for v in array.flat):
             raise RequestError(f"{where}: input '{spec.name}' has ragged or mixed values. "
                                f"Expected {spec.describe()}.")
         return array
