@@ -37,6 +37,7 @@ from tapeworks.errors import TapeworksError
 from tapeworks.fileio import fsync_folder
 
 VERSION_FILE = "tapeworks-version.json"
+LOCK_FILE = ".tapeworks.lock"
 META_DIR = ".tapeworks"
 CONFIG_FILE = "models.config"
 # TF Serving's model names appear in URLs (/v1/models/NAME); a name is one
@@ -85,6 +86,17 @@ def version_folders(model_dir):
         if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
             found.setdefault(int(entry), entry)
     return found
+
+
+def recorded(version_folder):
+    """What the registry recorded of a version (`tapeworks-version.json`), or {} for a bare
+    SavedModel folder (a version TF Serving's way) or an unreadable record."""
+    try:
+        with open(os.path.join(version_folder, VERSION_FILE)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def content_hash(folder, skip=(VERSION_FILE,)):
@@ -173,7 +185,7 @@ class Registry:
     @contextlib.contextmanager
     def _locked(self):
         os.makedirs(self.root, exist_ok=True)
-        with open(os.path.join(self.root, ".tapeworks.lock"), "a") as lock:
+        with open(os.path.join(self.root, LOCK_FILE), "a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -211,15 +223,9 @@ class Registry:
                 for version, folder in sorted(version_folders(model_dir).items())]
 
     def _info(self, name, version, path):
-        try:
-            with open(os.path.join(path, VERSION_FILE)) as f:
-                recorded = json.load(f)
-        except (FileNotFoundError, json.JSONDecodeError):
-            recorded = {}   # a version TF Serving's way: a bare SavedModel folder
-        recorded.pop("version", None)
-        fields = {f.name for f in dataclasses.fields(VersionInfo)}
+        fields = {f.name for f in dataclasses.fields(VersionInfo)} - {"name", "version", "path"}
         return VersionInfo(name=name, version=version, path=path,
-                           **{k: v for k, v in recorded.items() if k in fields})
+                           **{k: v for k, v in recorded(path).items() if k in fields})
 
     def show(self, name, version=None):
         """One version's information (default: the current one)."""

@@ -17,7 +17,7 @@ into message classes built here from TF Serving's `model_server_config.proto`
 import dataclasses
 import os
 
-from tapeworks.deploy.registry import (CONFIG_FILE, NAME, VERSION_FILE, Registry,
+from tapeworks.deploy.registry import (CONFIG_FILE, LOCK_FILE, NAME, Registry, recorded,
                                        version_folders)
 from tapeworks.errors import TapeworksError
 
@@ -154,15 +154,9 @@ def _apply_policy(folders, policy):
 
 def _registry_labels(base_path, versions):
     """The registry's human labels ("v1.2") of the wanted versions, label -> version."""
-    import json
-
     labels = {}
     for version, folder in versions.items():
-        try:
-            with open(os.path.join(base_path, folder, VERSION_FILE)) as f:
-                label = json.load(f).get("label")
-        except (OSError, ValueError):
-            continue
+        label = recorded(os.path.join(base_path, folder)).get("label")
         if label:
             labels[label] = version
     return labels
@@ -216,7 +210,7 @@ class Source:
             with open(os.path.join(self.root, CONFIG_FILE)) as f:
                 entries = parse_model_config(f.read(), os.path.join(self.root, CONFIG_FILE))
             root_dir, where = self.root, self.root
-        elif os.path.exists(os.path.join(self.root, ".tapeworks.lock")):
+        elif os.path.exists(os.path.join(self.root, LOCK_FILE)):
             # A registry in which nothing was promoted yet: nothing is current.
             entries, root_dir, where = [], self.root, self.root
         else:

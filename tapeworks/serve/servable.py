@@ -58,15 +58,10 @@ class IntegrityError(Exception):
 
 def _check_recorded_hash(path):
     """A version the registry published must still be what it published (its content hash)."""
-    import json
+    from tapeworks.deploy.registry import content_hash, recorded as record_of
 
-    from tapeworks.deploy.registry import VERSION_FILE, content_hash
-
-    try:
-        with open(os.path.join(path, VERSION_FILE)) as f:
-            recorded = json.load(f).get("sha256")
-    except (OSError, ValueError):
-        return   # not published by a registry (a TF Serving folder): nothing to compare
+    # Nothing to compare in a folder the registry did not publish (TF Serving's way).
+    recorded = record_of(path).get("sha256")
     if recorded and content_hash(path) != recorded:
         raise IntegrityError(
             f"{path} no longer matches the content hash recorded when it was published "
