@@ -385,12 +385,13 @@ def build_parser():
     export.set_defaults(run=_export)
 
     serve = verbs.add_parser(
-        "serve", help="serve SavedModels over TensorFlow Serving's REST API (hot reload, "
-                      "dynamic batching)",
+        "serve", help="serve SavedModels over TensorFlow Serving's REST (and gRPC) API (hot "
+                      "reload, dynamic batching)",
         description="Serve a tapeworks registry (or a folder of TF Serving model folders, or "
                     "TF Serving's --model_base_path / --model_config_file) over TensorFlow "
-                    "Serving's REST API, with hot reload when `current` moves and dynamic "
-                    "batching across concurrent requests. TF Serving's flags are accepted.")
+                    "Serving's REST API (and its gRPC API with --grpc-port), with hot reload "
+                    "when `current` moves and dynamic batching across concurrent requests. TF "
+                    "Serving's flags are accepted.")
     from tapeworks.serve import server as serve_server
 
     serve_server.add_arguments(serve)

@@ -252,7 +252,8 @@ class Registry:
         if not have:
             return (f"No model {name!r} (no version of it) in the registry at {self.root}. "
                     f"Expected one of: {self.models()}. Fix: `publish` it first.")
-        return (f"Model {name!r} has no version {version}. Expected one of: {have}.")
+        return (f"Model {name!r} has no version {version}. Expected one of: {have}. Fix: name "
+                "one of those (`tapeworks registry list` shows them).")
 
     # Writing ---------------------------------------------------------------
 
