@@ -33,7 +33,8 @@ _EXPORTS = {
 
 # Subpackages, imported on first use too: `import tapeworks; tapeworks.data.pipeline`
 # works whatever was imported before.
-_SUBPACKAGES = ("bench", "data", "demo", "deploy", "engine", "lint", "prune", "serve")
+_SUBPACKAGES = ("bench", "data", "demo", "deploy", "distribute", "engine", "lint", "prune",
+                "serve")
 
 __all__ = sorted(_EXPORTS) + list(_SUBPACKAGES)
 

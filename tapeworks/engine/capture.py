@@ -35,7 +35,7 @@ class Capture(tf.Module):
         tf.cond((step + 1) % self.every == 0, record, lambda: None)
 
     def read(self):
-        return int(self.step), {name: b.numpy() for name, b in self.buffers.items()}
+        return int(self.step.numpy()), {name: b.numpy() for name, b in self.buffers.items()}
 
 
 class CaptureCallback(keras.callbacks.Callback):

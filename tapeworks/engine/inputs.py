@@ -211,8 +211,10 @@ class EpochBatches:
     so no batch hook fires for a call that would find no data.
     """
 
-    def __init__(self, prepared, steps_per_epoch, input_planner=None):
+    def __init__(self, prepared, steps_per_epoch, input_planner=None, make_iterator=iter):
         self.prepared = prepared
+        # `iter`, or the Trainer's: distributed across replicas under a strategy.
+        self.make_iterator = make_iterator
         self.steps_per_epoch = steps_per_epoch
         self.input_planner = input_planner
         self._batches = cardinality(prepared.dataset)
@@ -252,7 +254,7 @@ class EpochBatches:
             if passes:
                 if restore_iterator is None:
                     for _ in range(passes - 1):
-                        iter(self.prepared.dataset)
+                        self.make_iterator(self.prepared.dataset)
                     self.restart()
                     for index in range(drawn if mid_pass else 0):
                         if self._iterator.get_next_as_optional().has_value():
@@ -285,7 +287,7 @@ class EpochBatches:
         # The input planner's way for this epoch: the same data, run its way.
         dataset = (self.input_planner.dataset if self.input_planner is not None
                    else self.prepared.dataset)
-        self._iterator = iter(dataset)
+        self._iterator = self.make_iterator(dataset)
         self._used = 0
         self.passes += 1
 

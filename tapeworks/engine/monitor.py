@@ -25,7 +25,7 @@ import statistics
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import gradient_health
+from tapeworks.engine import gradient_health, replicas
 from tapeworks.errors import CorrectnessWarning, warn
 
 # A layer's gradient norm this many times its running median (or this many
@@ -69,6 +69,9 @@ class GradientMonitor(tf.Module):
         """In the graph: runs `apply()` (the update) with the statistics of `grads_and_vars` around it."""
         variables = [v for _, v in grads_and_vars]
         gradients = [g for g, _ in grads_and_vars]
+        if replicas.several():
+            # The update's gradient is the replicas' sum (each holds its share).
+            gradients = replicas.sum_over_replicas([tf.convert_to_tensor(g) for g in gradients])
         grad_norms = gradient_health.gradient_norms(gradients, xla=xla)
         # Reads taken before the update: the optimizer's in-place updates
         # copy a buffer another tensor still reads (TensorFlow's

@@ -34,6 +34,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tapeworks.engine import replicas
 from tapeworks.engine.task import layers_of
 from tapeworks.errors import ConfigError, TapeworksError
 
@@ -92,7 +93,8 @@ class NonFiniteGuard(tf.Module):
             norms = [n for n in norms if n is not None]
             if norms:
                 total = total + tf.add_n(norms)
-        finite = tf.math.is_finite(total)
+        # Agreed between replicas: all apply or all withhold the same update.
+        finite = replicas.agree(tf.math.is_finite(total))
         self.count.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         return finite
 
@@ -101,7 +103,7 @@ class NonFiniteGuard(tf.Module):
 
     @property
     def halted(self):
-        return self.policy == "raise" and int(self.count) > 0
+        return self.policy == "raise" and int(self.count.numpy()) > 0
 
     def reset(self):
         """At the start of a fit: a new run may follow a raised one (after a fix)."""

@@ -25,7 +25,7 @@ sees the loss and the (gradient, variable) pairs of every update, in the graph.
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import gradient_health, guards
+from tapeworks.engine import gradient_health, guards, replicas
 from tapeworks.engine.precision import all_finite
 from tapeworks.engine.task import batch_size as task_batch_size
 from tapeworks.engine.task import layers_of
@@ -82,11 +82,15 @@ class UpdateState(tf.Module):
         super().__init__(name="update_state")
         self.accumulate = accumulate
         self.micro_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_step")
-        self.samples = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="samples")
         self.window_finite = tf.Variable(True, trainable=False, name="window_finite")
+        # Each replica's own sums (on one device, plain variables): summed
+        # across replicas when read outside the step, as a checkpoint does.
+        self.samples = replicas.local_variable(0.0, dtype=tf.float32, trainable=False,
+                                               name="samples")
         self.gradients = [
-            tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False,
-                        name="accumulated_" + v.name.replace("/", "_").replace(":", "_"))
+            replicas.local_variable(
+                tf.zeros(v.shape, tf.float32), trainable=False,
+                name="accumulated_" + v.name.replace("/", "_").replace(":", "_"))
             for v in (variables if accumulate > 1 else [])
         ]
 
@@ -131,7 +135,7 @@ class Updater:
         """
         grads_and_vars = guards.check_gradients(
             gradients, variables, allow_missing=self.allow_missing_gradients)
-        finite = (all_finite([g for g, _ in grads_and_vars])
+        finite = (replicas.agree(all_finite([g for g, _ in grads_and_vars]))
                   if self.precision.checks_finite else None)
         guarded = self.guard is not None and self.guard.policy is not None
         if norms is None and ((guarded and verdict is None) or self.dead is not None):
@@ -167,7 +171,7 @@ class Updater:
         state.micro_step.assign_add(1)
         if finite is not None:
             state.window_finite.assign(tf.logical_and(state.window_finite, finite))
-        tf.cond(state.micro_step >= state.accumulate, self.close_window, lambda: None)
+        replicas.branch(state.micro_step >= state.accumulate, self.close_window)
         return withheld_unless
 
     def _checks_window(self):
@@ -177,7 +181,14 @@ class Updater:
     def close_window(self):
         """Applies the accumulated window (skips it if it overflowed) and resets it."""
         state = self.state
-        grads_and_vars = [(acc / state.samples, v)
+        # Each replica's sum over its part of the window, times the replica
+        # count over every replica's samples: the replicas' gradients, which
+        # the optimizer sums, add up to the gradient of the window's mean loss
+        # (the objective each replica differentiated was divided by the
+        # replica count: `replicas.for_gradient`).
+        scale = tf.cast(replicas.num_replicas(), tf.float32) / replicas.sum_over_replicas(
+            state.samples.read_value())
+        grads_and_vars = [(acc * scale, v)
                           for acc, v in zip(state.gradients, self.variables)]
         finite = state.window_finite.read_value() if self._checks_window() else None
         self._apply_or_skip(grads_and_vars, finite)
@@ -211,6 +222,16 @@ class Updater:
             self._apply(grads_and_vars)
             self.precision.on_applied()
 
+        if replicas.needs_merge_call():
+            def apply_on_replica(gradients, variables):
+                self._apply(list(zip(gradients, variables)))
+                self.precision.on_applied()
+
+            replicas.cond_across_replicas(
+                finite, apply_on_replica, self.precision.on_skipped,
+                ([tf.convert_to_tensor(g) for g, _ in grads_and_vars],
+                 [v for _, v in grads_and_vars]))
+            return
         # A skip lowers a loss scale; for float32 the precision's skip is a no-op.
         tf.cond(finite, apply, self.precision.on_skipped)
 
@@ -218,12 +239,23 @@ class Updater:
         """Clipping, then the gradient hooks: what the optimizer is given."""
         gradients = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
+        clips = self.clip_value is not None or self.clip_norm is not None
+        shared = clips and replicas.several()
+        if shared:
+            # Clipping acts on the update's gradient, the sum over replicas
+            # (Keras' optimizers clip each replica's part before they sum).
+            gradients = replicas.sum_over_replicas(
+                [tf.convert_to_tensor(g) for g in gradients])
         # Clipping sees the unscaled, accumulated gradients: what the update uses.
         if self.clip_value is not None:
             gradients = [tf.clip_by_value(tf.convert_to_tensor(g), -self.clip_value,
                                           self.clip_value) for g in gradients]
         if self.clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
+        if shared:
+            # The optimizer sums the replicas' gradients again: each passes its share.
+            share = 1.0 / replicas.num_replicas()
+            gradients = [g * share for g in gradients]
         return self.hooks.on_gradients(list(zip(gradients, variables)))
 
     def _apply(self, grads_and_vars):
@@ -305,7 +337,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                     update.objective(losses, counters),
                     where=f"the loss of update {update.name!r}"))
                 unscaled.append(objective)
-                objectives.append(precision.scale_loss(objective))
+                objectives.append(precision.scale_loss(replicas.for_gradient(objective)))
         size = task_batch_size(batch)
         gradients_of, norms_of, step_verdict = {}, {}, None
         if len(updates) > 1 and guard is not None and guard.blocks_update:
@@ -356,7 +388,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                 variable.assign(tf.where(good, variable, value))
         counters.step.assign_add(1)
         for name, value in losses.items():
-            trackers[name].update_state(_unscale_for_replicas(value), sample_weight=size)
+            trackers[name].update_state(value, sample_weight=size)
         task.update_metrics(batch, outputs)
         if capture:
             # Returned, not stored here: the loop copies them on k-th steps
@@ -388,7 +420,7 @@ def make_test_step(task, trackers):
         losses, outputs = task.run_losses(batch, training=False)
         size = task_batch_size(batch)
         for name, value in losses.items():
-            trackers[name].update_state(_unscale_for_replicas(value), sample_weight=size)
+            trackers[name].update_state(value, sample_weight=size)
         task.update_metrics(batch, outputs)
         return size
 
@@ -434,6 +466,46 @@ def compile_step(step, *, jit_compile, run_eagerly):
                        jit_compile=bool(jit_compile), reduce_retracing=True, autograph=False)
 
 
+def replicate(step_fn, strategy, *, run_eagerly, finish=None):
+    """Layer 2: `run(batch)`, `step_fn` on each replica's part of `batch`.
+
+    On one device, `strategy.run` (the step is compiled by `compile_step`).
+    On several replicas (or any strategy that synchronises them), the step is
+    traced inside `strategy.run` and that call is a `tf.function` of its own,
+    as in Keras' `one_step_on_data`: MirroredStrategy cannot build a
+    `strategy.run` traced inside the loop's `tf.cond`, nor a `merge_call`
+    (the optimizer's all-reduce) inside a step compiled apart.
+    `finish(per_replica_outputs)` turns the replicas' outputs into one value,
+    inside that function.
+    """
+    def run(batch):
+        with replicas.losses_per_replica():
+            out = strategy.run(step_fn, args=(batch,))
+        return finish(out) if finish is not None else out
+
+    if run_eagerly or not replicas.is_replicated(strategy):
+        return run
+    return tf.function(run, autograph=False, reduce_retracing=True)
+
+
+def reduce_train_outputs(strategy, *, with_extra):
+    """`finish` for `replicate`: a train step's batch size summed over the replicas.
+
+    With `with_extra`, the step returns (batch size, captured tensors); the
+    captures kept are the first replica's (on one device, the only one).
+    """
+    def finish(per_replica):
+        extra = None
+        if with_extra:
+            per_replica, extra = per_replica
+            extra = tf.nest.map_structure(
+                lambda t: strategy.experimental_local_results(t)[0], extra)
+        batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return (batch, extra) if with_extra else batch
+
+    return finish
+
+
 def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
               should_continue=None, last_step=None):
     """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
@@ -452,6 +524,9 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
     """
     strategy = strategy or tf.distribute.get_strategy()
     keep_last = should_continue is not None
+    finish = reduce_train_outputs(strategy, with_extra=on_outputs is not None)
+    on_replicas = {id(fn): replicate(fn, strategy, run_eagerly=run_eagerly, finish=finish)
+                   for fn in (one_step, last_step) if fn is not None}
 
     def draw_and_run(step_fn, iterator, steps, samples):
         """Draws a batch; runs `step_fn` on it if there was one."""
@@ -459,11 +534,10 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
         kept = (optional,) if keep_last else ()
 
         def run():
-            per_replica = strategy.run(step_fn, args=(optional.get_value(),))
+            batch = on_replicas[id(step_fn)](optional.get_value())
             if on_outputs is not None:
-                per_replica, extra = per_replica
+                batch, extra = batch
                 on_outputs(extra)
-            batch = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
             return steps + 1, samples + batch, tf.constant(False)
 
         done = tf.cond(optional.has_value(), run,
@@ -496,10 +570,58 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
         steps, samples, _, *last = carried
         return (steps, samples, results(), *last)
 
+    def replicated_steps(step_fn, iterator, limit, steps, samples, last):
+        """Runs `step_fn` while under `limit` steps, data is left and (with a halt) no halt.
+
+        The shape of loop for replicated strategies: the next batch's optional
+        is carried as a loop variable and the loop's condition asks whether it
+        holds a batch, so no `tf.cond` surrounds the step. MirroredStrategy
+        cannot run the optimizer's `merge_call` inside a `tf.cond` inside a
+        `tf.while_loop` ("You must feed a value for placeholder tensor"; Keras'
+        own `fit` fails the same way with `steps_per_execution` > 1 here). A
+        batch is drawn only when a step is due, so nothing is drawn and lost.
+        """
+        spec = iterator.element_spec
+
+        def draw_if(due):
+            return tf.cond(due, iterator.get_next_as_optional,
+                           lambda: tf.experimental.Optional.empty(spec))
+
+        def due(steps):
+            going = steps < limit
+            return tf.logical_and(going, should_continue()) if keep_last else going
+
+        def go_on(steps, samples, current, last):
+            return tf.logical_and(steps < limit, current.has_value())
+
+        def body(steps, samples, current, last):
+            batch = on_replicas[id(step_fn)](current.get_value())
+            if on_outputs is not None:
+                batch, extra = batch
+                on_outputs(extra)
+            steps = steps + 1
+            return steps, samples + batch, draw_if(due(steps)), current
+
+        steps, samples, _, last = tf.while_loop(
+            go_on, body, (steps, samples, draw_if(due(steps)), last))
+        return steps, samples, last
+
+    def replicated_loop(iterator, num_steps):
+        plain_steps = num_steps - 1 if last_step is not None else num_steps
+        last = tf.experimental.Optional.empty(iterator.element_spec)
+        carried = replicated_steps(one_step, iterator, plain_steps,
+                                   tf.constant(0, tf.int64), tf.constant(0, tf.int64), last)
+        if last_step is not None:
+            # At most one step, as a loop too: no branch around the step.
+            carried = replicated_steps(last_step, iterator, num_steps, *carried)
+        steps, samples, last = carried
+        return (steps, samples, results(), *((last,) if keep_last else ()))
+
+    chosen = replicated_loop if replicas.is_replicated(strategy) else loop
     if run_eagerly:
-        return loop
+        return chosen
     # Explicit control flow instead of AutoGraph: see `compile_step`.
-    return tf.function(Traced(loop), autograph=False)
+    return tf.function(Traced(chosen), autograph=False)
 
 
 def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
@@ -510,6 +632,10 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
     arrays of the right shape instead of failing.
     """
     strategy = strategy or tf.distribute.get_strategy()
+    on_replicas = replicate(
+        one_step, strategy, run_eagerly=run_eagerly,
+        finish=(lambda out: replicas.concat_outputs(out, strategy))
+        if replicas.is_replicated(strategy) else None)
 
     def loop(iterator, num_steps):
         arrays = tf.nest.map_structure(
@@ -524,7 +650,7 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
             optional = iterator.get_next_as_optional()
 
             def run():
-                out = strategy.run(one_step, args=(optional.get_value(),))
+                out = on_replicas(optional.get_value())
                 index = tf.cast(steps, tf.int32)
                 written = tf.nest.map_structure(lambda a, t: a.write(index, t), arrays, out)
                 return steps + 1, tf.constant(False), written
@@ -557,10 +683,3 @@ def collect_logs(trackers, task, precision):
     for update in task.updates:
         logs.update(getattr(update.loss, "logs", dict)())
     return logs
-
-
-def _unscale_for_replicas(loss):
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    if replicas > 1:
-        loss = loss * tf.cast(replicas, loss.dtype)
-    return loss

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.data import diagnose as diagnose_lib
+from tapeworks import distribute as distribute_lib
 from tapeworks.data import sources
 from tapeworks.engine import autotune
 from tapeworks.engine import callback_bridge, data_stage, gradient_health, guards, inputs, step
@@ -30,7 +31,7 @@ from tapeworks.engine import nonfinite as nonfinite_lib
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
-from tapeworks.engine import retracing
+from tapeworks.engine import replicas, retracing
 from tapeworks.engine import run_checkpoint
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine.callback_bridge import EpochEndLine
@@ -120,6 +121,17 @@ class Trainer:
             gradient histograms when its `histogram_freq` > 0), and warn when
             a layer's gradient norm explodes (100x its running median) or
             vanishes (1/100). Steps per call are capped at this number.
+        strategy: a `tf.distribute` strategy to train under. Default: the
+            strategy whose scope the Trainer is created in; with none,
+            `tapeworks.distribute.choose()` (TF_CONFIG naming several workers:
+            MultiWorkerMirroredStrategy; several GPUs: MirroredStrategy; else
+            one device). Models and optimizers must be built in its scope.
+            `batch_size` is then the global batch, split across replicas; each
+            replica's loss is the mean over its share, the gradients are
+            summed over replicas (see the README's "Several devices").
+        sync_batchnorm: make every BatchNormalization layer compute its
+            statistics over the global batch (Keras' `synchronized=True`),
+            as on one device, instead of per replica.
         pruning: a `tapeworks.prune.Pruning`: magnitude pruning of the
             kernels it selects, its masks in variables (in
             `trainer.checkpoint`), applied in the compiled step after every
@@ -160,8 +172,34 @@ class Trainer:
                  precision="float32", clip_norm=None, clip_value=None, capture_every=None,
                  check_data=True, diagnose_input=False, deterministic=False, plan_cache=None,
                  on_nonfinite="raise", nonfinite_dir=None, fine_tune_in_inference_mode=False,
-                 dead_gradient_steps=50, monitor_every=None, pruning=None):
-        _check_one_replica(tf.distribute.get_strategy())
+                 dead_gradient_steps=50, monitor_every=None, pruning=None, strategy=None,
+                 sync_batchnorm=False):
+        # Everything the Trainer creates (the precision's loss scale, the
+        # optimizer of a name, the step's state) lives in the strategy's scope.
+        self._strategy, self._strategy_reason = distribute_lib.resolve(strategy)
+        with self._strategy.scope(), replicas.state_variables():
+            self._setup(model, optimizer, loss, metrics, loss_weights, weighted_metrics,
+                        jit_compile, steps_per_call, seed, run_eagerly,
+                        allow_missing_gradients, accumulate, precision, clip_norm,
+                        clip_value, capture_every, check_data, diagnose_input,
+                        deterministic, plan_cache, on_nonfinite, nonfinite_dir,
+                        fine_tune_in_inference_mode, dead_gradient_steps, monitor_every,
+                        pruning)
+            if not isinstance(sync_batchnorm, bool):
+                raise ConfigError(f"`sync_batchnorm` must be True or False. Received: "
+                                  f"sync_batchnorm={sync_batchnorm!r}")
+            if sync_batchnorm:
+                distribute_lib.synchronize_batchnorm(self.task.models)
+            if replicas.is_replicated(self._strategy):
+                logger.info("tapeworks: training on %d replicas under %s (%s)",
+                            self._strategy.num_replicas_in_sync,
+                            type(self._strategy).__name__, self._strategy_reason)
+
+    def _setup(self, model, optimizer, loss, metrics, loss_weights, weighted_metrics,
+               jit_compile, steps_per_call, seed, run_eagerly, allow_missing_gradients,
+               accumulate, precision, clip_norm, clip_value, capture_every, check_data,
+               diagnose_input, deterministic, plan_cache, on_nonfinite, nonfinite_dir,
+               fine_tune_in_inference_mode, dead_gradient_steps, monitor_every, pruning):
         if isinstance(model, task_lib.Task):
             given = [n for n, v in (("optimizer", optimizer), ("loss", loss),
                                     ("metrics", metrics), ("loss_weights", loss_weights),
@@ -278,12 +316,18 @@ class Trainer:
                 f"`pruning` must be None or a tapeworks.prune.Pruning. Received: "
                 f"{type(pruning).__name__}. Fix: pruning=tapeworks.prune.Pruning(schedule).")
         self.pruning = pruning
-        self._strategy = tf.distribute.get_strategy()
         self._built = False
+        self.per_replica_batch_size = None   # under several replicas, once fit knows the batch
         self._announced = None    # the choice last announced (and stored)
         if not isinstance(deterministic, bool):
             raise ConfigError(f"`deterministic` must be True or False. Received: "
                               f"deterministic={deterministic!r}")
+        if jit_compile in (True, "update") and replicas.is_replicated(self._strategy):
+            raise ConfigError(
+                f"jit_compile={jit_compile!r} under {type(self._strategy).__name__}: tapeworks "
+                "compiles a replicated step with tf.function only (the optimizer's all-reduce "
+                "runs through merge_call, which XLA cannot take inside the step). Fix: pass "
+                "jit_compile=False or \"auto\" (which then measures steps per call only).")
         if deterministic and jit_compile in (True, "update"):
             raise ConfigError(
                 f"`deterministic=True` keeps to tf.function's numerics, which "
@@ -369,7 +413,7 @@ class Trainer:
             sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
             validation_batch_size=None, validation_freq=1, *, checkpoint_dir=None,
             checkpoint_every="epoch", keep=3, keep_best=None, resume=True, overwrite=False,
-            checkpoint_data="auto", checkpoint_async=False):
+            checkpoint_data="auto", checkpoint_async=False, global_batch_size=None):
         """Trains the model; Keras' `Model.fit` signature and semantics, argument for argument.
 
         Args:
@@ -433,9 +477,17 @@ class Trainer:
                 project's 2-core machine it was no faster (`tapeworks bench
                 checkpoint`): the background work takes the same cores.
 
+        Several replicas (keyword-only):
+            global_batch_size: the batch of one step over all replicas, the
+                same as `batch_size` (which is global too, as in Keras under a
+                strategy), named so: it must split evenly over the replicas,
+                and each replica computes `global_batch_size / replicas`
+                samples (`trainer.per_replica_batch_size`).
+
         Returns:
             The `keras.callbacks.History` of the run.
         """
+        batch_size = self._global_batch(batch_size, global_batch_size)
         # The user's own tf.functions that retrace while this fit runs are
         # reported with the argument that changed (`retracing.py`).
         with retracing.RetraceWatch() as watch:
@@ -467,6 +519,19 @@ class Trainer:
                                  validation_steps, validation_batch_size, validation_freq)
             finally:
                 self.retraces = watch.reported
+
+    def _global_batch(self, batch_size, global_batch_size):
+        """`batch_size` for fit, checked to split evenly over the replicas."""
+        if global_batch_size is not None:
+            if batch_size is not None and batch_size != global_batch_size:
+                raise ConfigError(
+                    f"batch_size={batch_size} and global_batch_size={global_batch_size} "
+                    "disagree. Both are the batch over all replicas. Fix: pass one of them.")
+            batch_size = global_batch_size
+        if batch_size is not None and replicas.is_replicated(self._strategy):
+            self.per_replica_batch_size = distribute_lib.per_replica_batch_size(
+                batch_size, self._strategy)
+        return batch_size
 
     def _fit(self, x, y, batch_size, epochs, verbose, callbacks, validation_split,
              validation_data, shuffle, class_weight, sample_weight, initial_epoch,
@@ -508,7 +573,7 @@ class Trainer:
                     train.dataset, saved)
         self._guard.reset()
         self._nonfinite_warned = 0
-        self._host_step, self._monitor_next = int(self.counters.step), None
+        self._host_step, self._monitor_next = int(self.counters.step.numpy()), None
         self._ensure_planner()
         if train.batch_size and self._plan_key is None:
             self._use_plan_cache(train.batch_size)
@@ -541,7 +606,8 @@ class Trainer:
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
         input_planner = (None if resumer is not None
                          else self._input_planner_for(x, train, steps_per_epoch))
-        batches = inputs.EpochBatches(train, steps_per_epoch, input_planner)
+        batches = inputs.EpochBatches(train, steps_per_epoch, input_planner,
+                                      make_iterator=self._iterate)
         if resume_point is not None:
             batches.resume(resume_point.passes, resume_point.batches_drawn,
                            mid_pass=resume_point.steps_in_epoch > 0
@@ -666,7 +732,8 @@ class Trainer:
                 self._jit_setting, self._steps_setting,
                 max_steps=min(filter(None, (self.capture_every, self.monitor_every)),
                               default=None),
-                xla_available=not self.run_eagerly and not self.deterministic and all(
+                xla_available=not self.run_eagerly and not self.deterministic
+                and not replicas.is_replicated(self._strategy) and all(
                     _model_supports_xla(m) for m in self.task.models),
                 # Mixed precision gained most from XLA on the update alone (the
                 # forward and backward ran faster outside XLA); float32 from XLA
@@ -773,16 +840,24 @@ class Trainer:
         ran, samples = int(ran), int(samples)
         seconds = time.perf_counter() - start
         if last and self._guard.halted:
-            self._nonfinite_stop(last[0].get_value(), steps_done + ran - 1)
+            self._nonfinite_stop(self._local_batch(last[0].get_value()),
+                                 steps_done + ran - 1)
         self._warn_nonfinite()
         return ran, samples, callback_bridge.python_logs(logs), seconds
+
+    def _local_batch(self, batch):
+        """A batch as drawn from `_iterate`, as one batch: this worker's replicas' shares joined."""
+        if not replicas.is_replicated(self._strategy):
+            return batch
+        return tf.nest.map_structure(
+            lambda t: tf.concat(self._strategy.experimental_local_results(t), axis=0), batch)
 
     def _nonfinite_stop(self, batch, batch_index):
         """The "raise" policy after a halted call: localise, then raise (or stop)."""
         # The loop stopped right after the bad step: the last one counted.
         report = nonfinite_lib.localise(
-            self.task, batch, self.counters, step=int(self.counters.step) - 1,
-            epoch=int(self.counters.epoch), batch_index=batch_index,
+            self.task, batch, self.counters, step=int(self.counters.step.numpy()) - 1,
+            epoch=int(self.counters.epoch.numpy()), batch_index=batch_index,
             directory=self.nonfinite_dir)
         text = nonfinite_lib.message(report)
         if self._stop_on_nonfinite:
@@ -853,13 +928,13 @@ class Trainer:
         """With accumulation, a call length whose last step closes a window (it is monitored)."""
         if self.accumulate == 1:
             return num_steps
-        pending = int(self.states[0].micro_step)
+        pending = int(self.states[0].micro_step.numpy())
         fitting = num_steps - (pending + num_steps) % self.accumulate
         return fitting if fitting >= 1 else self.accumulate - pending
 
     def _deliver_monitor(self, callback_list):
         """After a monitored call: statistics per layer into the history, logs and TensorBoard."""
-        records = int(self._monitors[0].records)
+        records = int(self._monitors[0].records.numpy())
         if records == self._monitor_records:
             return {}   # the data ended before the monitored step: it stays due
         self._monitor_records = records
@@ -913,11 +988,11 @@ class Trainer:
         """The "warn" policy: a warning when more non-finite steps were applied."""
         if self.on_nonfinite != "warn":
             return
-        count = int(self._guard.count)
+        count = int(self._guard.count.numpy())
         if count > self._nonfinite_warned:
             self._nonfinite_warned = count
             warn(f"tapeworks: {count} non-finite step(s) in this fit so far (by step "
-                 f"{int(self.counters.step) - 1}); their updates were applied "
+                 f"{int(self.counters.step.numpy()) - 1}); their updates were applied "
                  "(on_nonfinite=\"warn\"). Fix: on_nonfinite=\"raise\" names where the "
                  "values turn non-finite.", CorrectnessWarning)
 
@@ -934,9 +1009,9 @@ class Trainer:
             return 0, 0, {}, 0.0
         batch = optional.get_value()
         start = time.perf_counter()
+
         def one_step(mode):
-            return self._split_capture(self._strategy.run(self._step("train", mode),
-                                                          args=(batch,)))
+            return self._split_capture(self._replicated_step(mode)(batch))
 
         with guards.inside_step():
             try:
@@ -949,11 +1024,10 @@ class Trainer:
                                _xla_failure(error))
                 self._planner.drop_xla(error, jit)
                 samples = one_step(False)
-            samples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, samples, axis=None)
             logs = callback_bridge.python_logs(self._train_results())
         seconds = time.perf_counter() - start
         if self._guard.halted:
-            self._nonfinite_stop(batch, steps_done)
+            self._nonfinite_stop(self._local_batch(batch), steps_done)
         self._warn_nonfinite()
         return 1, int(samples), logs, seconds
 
@@ -974,7 +1048,7 @@ class Trainer:
             pass
 
         def rate(source):
-            iterator = iter(source)
+            iterator = self._iterate(source)
             with guards.inside_step():
                 int(loop(iterator, tf.constant(1, tf.int64))[0])   # traced and warm
                 start = time.perf_counter()
@@ -1023,7 +1097,7 @@ class Trainer:
         """Hands newly captured tensors to callbacks with `on_capture` (one read per capture)."""
         if self._capture is None:
             return
-        if int(self._capture.step) == self._delivered_capture:
+        if int(self._capture.step.numpy()) == self._delivered_capture:
             return
         step_index, tensors = self._capture.read()
         self._delivered_capture = step_index
@@ -1143,7 +1217,7 @@ class Trainer:
 
     def _resume_from(self, point, verbose):
         """Applies a restored run's choice of mode; says where it resumed. Returns its epoch."""
-        self._host_step = int(self.counters.step)
+        self._host_step = int(self.counters.step.numpy())
         saved_seed = point.run.get("seed")
         if point.data == "replay" and saved_seed != self._data.seed:
             warn(f"tapeworks: the checkpoint's run shuffled with seed {saved_seed}, this trainer "
@@ -1351,7 +1425,7 @@ class Trainer:
         loop = self._loop("test", self._inference_jit())
         callback_list.on_test_begin()
         prepared.on_epoch_begin()
-        iterator = iter(prepared.dataset)
+        iterator = self._iterate(prepared.dataset)
         steps = 0
         logs = {}
         while True:
@@ -1386,7 +1460,7 @@ class Trainer:
         loop = self._predict_loop(prepared.dataset.element_spec)
         callback_list.on_predict_begin()
         prepared.on_epoch_begin()
-        iterator = iter(prepared.dataset)
+        iterator = self._iterate(prepared.dataset)
         chunks = []
         done = 0
         while True:
@@ -1422,13 +1496,21 @@ class Trainer:
         """
         if self._built:
             return
+        with self._strategy.scope(), replicas.state_variables():
+            self._build_in_scope(element_spec, targets)
+
+    def _build_in_scope(self, element_spec, targets):
         if targets:
             self._element_spec = element_spec
         x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
         self.task._seed_random(self.seed)
+        # Under a replicated strategy the variables are created eagerly too:
+        # a mirrored variable's initial value cannot be lifted out of a
+        # function being traced (Keras builds there eagerly, symbolically).
+        eagerly = self.run_eagerly or replicas.is_replicated(self._strategy)
         with guards.inside_step():
             if isinstance(self.task, task_lib.SupervisedTask) and not self.model.built:
-                if self.run_eagerly:
+                if eagerly:
                     self.model(_zeros_like(x_spec), training=False)
                 else:
                     tf.function(lambda x: self.model(x, training=False)).get_concrete_function(
@@ -1441,7 +1523,7 @@ class Trainer:
                 self.task.update_metrics(batch, outputs)
                 return losses
 
-            if self.run_eagerly:
+            if eagerly:
                 loss_names = list(probe(_zeros_like(element_spec)))
                 self.task.reset_metrics()
             else:
@@ -1477,6 +1559,8 @@ class Trainer:
                                                     self.capture_every)
             if not isinstance(self.task, task_lib.SupervisedTask):
                 self.task.check_helpers()
+            distribute_lib.check_in_scope(self._strategy, self.task.models,
+                                          [u.optimizer for u in self.task.updates])
             self._built = True
 
     def _step(self, kind, jit, monitored=False):
@@ -1490,8 +1574,21 @@ class Trainer:
             else:
                 one = step.make_test_step(self.task, self._trackers)
             one = self._count_traces(one, f"{kind}_step" + ("_monitored" if monitored else ""))
-            self._loops[key] = step.compile_step(one, jit_compile=jit is True,
-                                                 run_eagerly=self.run_eagerly)
+            # Replicated, the step is traced inside `strategy.run`'s own
+            # function (`step.replicate`), not compiled apart.
+            self._loops[key] = step.compile_step(
+                one, jit_compile=jit is True,
+                run_eagerly=self.run_eagerly or replicas.is_replicated(self._strategy))
+        return self._loops[key]
+
+    def _replicated_step(self, jit):
+        """The train step on one batch, run on every replica, the batch size summed."""
+        key = ("train_step_replicated", jit)
+        if key not in self._loops:
+            finish = step.reduce_train_outputs(self._strategy,
+                                               with_extra=self._capture is not None)
+            self._loops[key] = step.replicate(self._step("train", jit), self._strategy,
+                                              run_eagerly=self.run_eagerly, finish=finish)
         return self._loops[key]
 
     def _watch_inference_calls(self, train_step):
@@ -1553,6 +1650,18 @@ class Trainer:
                 last_step=self._step(kind, jit, monitored=True) if monitored else None)
         return self._loops[key]
 
+    def _iterate(self, dataset):
+        """An iterator over `dataset`: each batch split across the replicas under a strategy.
+
+        The dataset yields global batches; `experimental_distribute_dataset`
+        gives each replica its share, and under MultiWorkerMirroredStrategy
+        each worker its shard (tf.data's auto-shard policy: by file where the
+        pipeline reads files, else by data).
+        """
+        if not replicas.is_replicated(self._strategy):
+            return iter(dataset)
+        return iter(self._strategy.experimental_distribute_dataset(dataset))
+
     def _predict_loop(self, element_spec):
         key = ("predict", self._inference_jit())
         if key not in self._loops:
@@ -1560,9 +1669,12 @@ class Trainer:
             spec = tf.function(one).get_concrete_function(element_spec).structured_outputs
             spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), spec)
             self.traces["predict_step"] -= 1  # that trace only read the output spec
-            compiled = step.compile_step(one, jit_compile=key[1], run_eagerly=self.run_eagerly)
+            compiled = step.compile_step(
+                one, jit_compile=key[1],
+                run_eagerly=self.run_eagerly or replicas.is_replicated(self._strategy))
             self._loops[key] = step.make_predict_loop(compiled, spec,
-                                                      run_eagerly=self.run_eagerly)
+                                                      run_eagerly=self.run_eagerly,
+                                                      strategy=self._strategy)
         return self._loops[key]
 
     def _count_traces(self, fn, name):

@@ -1,8 +1,10 @@
-"""The Trainer under tf.distribute strategies: one device works, several replicas are refused."""
+"""The Trainer under tf.distribute strategies, in this process (one replica).
 
-import subprocess
-import sys
-import textwrap
+Several replicas need logical devices set before TensorFlow starts: those
+tests run in fresh processes (tests/distribute).
+"""
+
+import json
 
 import keras
 import numpy as np
@@ -10,61 +12,135 @@ import pytest
 import tensorflow as tf
 
 import tapeworks
+from tapeworks import distribute
 from tests.engine import models
 
 
-def test_one_device_strategy_trains_like_the_default_strategy():
+def _train(strategy, **kwargs):
     x, y = models.regression_data(n=32)
-    weights = []
-    for strategy in (tf.distribute.get_strategy(), tf.distribute.OneDeviceStrategy("/cpu:0")):
-        with strategy.scope():
-            keras.utils.set_random_seed(0)
-            model = models.sequential()
-            trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False,
-                                        steps_per_call=2, accumulate=2)
-        trainer.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
-        weights.append(model.get_weights())
-    for default, one_device in zip(*weights):
-        np.testing.assert_allclose(default, one_device, rtol=0, atol=1e-6)
-
-
-def test_a_one_device_mirrored_strategy_is_refused_too():
-    # One replica, but MirroredStrategy's step synchronises through merge_call,
-    # which fails inside the compiled step: refused up front, weights untouched.
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
+        keras.utils.set_random_seed(0)
         model = models.sequential()
-        before = model.get_weights()
-        with pytest.raises(tapeworks.ConfigError, match=r"MirroredStrategy \(1 replica\)"):
-            tapeworks.Trainer(model, "sgd", "mse")
+        trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2,
+                                    plan_cache=False, **kwargs)
+    trainer.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
+    return model.get_weights(), trainer
+
+
+@pytest.mark.parametrize("strategy", [
+    lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
+    lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
+], ids=["one-device", "mirrored-one-replica"])
+def test_a_strategy_of_one_replica_trains_like_the_default_strategy(strategy):
+    # MirroredStrategy with one replica still synchronises through merge_call:
+    # the replicated step (its own tf.function, no branch around the update).
+    expected, _ = _train(tf.distribute.get_strategy(), accumulate=2)
+    weights, trainer = _train(strategy(), accumulate=2)
+    for want, got in zip(expected, weights):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert trainer.counters.step.numpy() == 8
+
+
+def test_the_strategy_argument_is_the_scope_the_trainer_was_made_in():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    expected, _ = _train(tf.distribute.get_strategy())
+    x, y = models.regression_data(n=32)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = models.sequential()
+    # Created outside the scope, given the strategy: it enters the scope itself.
+    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2,
+                                plan_cache=False, strategy=strategy)
+    trainer.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
+    for want, got in zip(expected, model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_a_model_built_outside_the_scope_is_refused_and_untouched():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    x, y = models.regression_data(n=16)
+    model = models.sequential()
+    before = model.get_weights()
+    trainer = tapeworks.Trainer(model, "sgd", "mse", strategy=strategy, plan_cache=False)
+    with pytest.raises(tapeworks.ConfigError, match=r"built outside the scope of "
+                       r"MirroredStrategy.*Fix: create \(and build\) the model inside"):
+        trainer.fit((x, y), batch_size=8, verbose=0)
     for was, now in zip(before, model.get_weights()):
         np.testing.assert_array_equal(was, now)
 
 
-# Logical devices must be set before TensorFlow starts: a fresh process.
-SEVERAL_REPLICAS = textwrap.dedent("""
-    import keras, numpy as np, tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    import tapeworks
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_an_optimizer_made_outside_the_scope_is_refused():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    x, y = models.regression_data(n=16)
+    optimizer = keras.optimizers.SGD(0.1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        before = [w.copy() for w in model.get_weights()]
-        try:
-            tapeworks.Trainer(model, "sgd", "mse")
-        except tapeworks.ConfigError as error:
-            print("REFUSED:", error)
-    assert all((a == b).all() for a, b in zip(before, model.get_weights()))
-""")
+        model = models.sequential()
+        trainer = tapeworks.Trainer(model, optimizer, "mse", plan_cache=False)
+    with pytest.raises(tapeworks.ConfigError, match=r"optimizer SGD was created outside"):
+        trainer.fit((x, y), batch_size=8, verbose=0)
 
 
-@pytest.mark.multiprocess
-def test_several_replicas_are_refused_with_a_clear_error():
-    result = subprocess.run([sys.executable, "-c", SEVERAL_REPLICAS], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "REFUSED: tapeworks.Trainer was created under MirroredStrategy (2 replicas)" \
-        in result.stdout
-    assert "OneDeviceStrategy" in result.stdout
+def test_xla_is_refused_under_a_replicated_strategy():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = models.sequential()
+        with pytest.raises(tapeworks.ConfigError, match=r"jit_compile=True under "
+                           r"MirroredStrategy.*Fix: pass jit_compile=False"):
+            tapeworks.Trainer(model, "sgd", "mse", jit_compile=True)
+
+
+def test_a_second_strategy_is_refused():
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model = models.sequential()
+        with pytest.raises(tapeworks.ConfigError, match="another strategy"):
+            tapeworks.Trainer(model, "sgd", "mse",
+                              strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+
+
+def test_global_batch_size_splits_evenly_or_is_refused():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    assert distribute.per_replica_batch_size(64, strategy) == 64
+    with pytest.raises(tapeworks.ConfigError, match=r"integer >= 1"):
+        distribute.per_replica_batch_size(0, strategy)
+    _, trainer = _train(strategy)
+    x, y = models.regression_data(n=32)
+    with pytest.raises(tapeworks.ConfigError, match="disagree"):
+        trainer.fit(x, y, batch_size=8, global_batch_size=16, verbose=0)
+    trainer.fit(x, y, global_batch_size=16, verbose=0)
+    assert trainer.per_replica_batch_size == 16
+
+
+def test_linear_scaling_rule_with_warmup():
+    schedule = distribute.linear_scaling(0.1, base_batch_size=256, global_batch_size=1024,
+                                         warmup_steps=4)
+    # 0.1 -> 0.4 linearly over 4 updates, then flat at 0.4.
+    rates = [float(schedule(step)) for step in (0, 1, 2, 4, 100)]
+    np.testing.assert_allclose(rates, [0.1, 0.175, 0.25, 0.4, 0.4], rtol=1e-6)
+    assert distribute.linear_scaling(0.1, 256, 512) == pytest.approx(0.2)
+    with pytest.raises(tapeworks.ConfigError, match="warmup_steps"):
+        distribute.linear_scaling(0.1, 256, 512, warmup_steps=-1)
+
+
+def test_sync_batchnorm_sets_keras_synchronized_on_every_batchnorm():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization()])
+    model = keras.Sequential([keras.Input((3,)), inner, keras.layers.BatchNormalization(),
+                              keras.layers.Dense(1)])
+    tapeworks.Trainer(model, "sgd", "mse", sync_batchnorm=True)
+    norms = [layer for layer in inner.layers + model.layers
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(norms) == 2 and all(layer.synchronized for layer in norms)
+
+
+def test_choosing_a_strategy_reads_tf_config():
+    workers = {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+               "task": {"type": "worker", "index": 0}}
+    assert distribute.cluster_workers(json.dumps(workers)) == 2
+    assert distribute.cluster_workers("") == 0
+    chief = {"cluster": {"chief": ["a:1"], "worker": ["b:1"]}}
+    assert distribute.cluster_workers(json.dumps(chief)) == 2
+    with pytest.raises(tapeworks.ConfigError, match="TF_CONFIG is not valid JSON"):
+        distribute.cluster_workers("{cluster")
+    one = json.dumps({"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker",
+                                                                       "index": 0}})
+    strategy, why = distribute.choose(tf_config=one, gpus=0)
+    assert strategy is tf.distribute.get_strategy() and why == "one device (no GPU)"

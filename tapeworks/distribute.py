@@ -1,0 +1,206 @@
+"""Which `tf.distribute` strategy a Trainer runs under, and the checks that it can.
+
+tapeworks brings no engine of its own for several devices: it runs its step
+through TensorFlow's `tf.distribute` (`MirroredStrategy` for the GPUs of one
+machine, `MultiWorkerMirroredStrategy` for several machines configured by
+`TF_CONFIG`). This module picks the strategy when the user names none, and
+checks that the model and optimizer live in its scope, where their variables
+are mirrored.
+"""
+
+import json
+import logging
+import os
+
+import keras
+import tensorflow as tf
+
+from tapeworks.engine import replicas
+from tapeworks.errors import ConfigError
+
+logger = logging.getLogger("tapeworks")
+
+
+def cluster_workers(tf_config=None):
+    """The number of workers (chief included) that `TF_CONFIG` names; 0 without one."""
+    text = os.environ.get("TF_CONFIG", "") if tf_config is None else tf_config
+    if not text.strip():
+        return 0
+    try:
+        cluster = json.loads(text).get("cluster", {})
+    except (ValueError, AttributeError):
+        raise ConfigError(
+            f"TF_CONFIG is not valid JSON: {text[:120]!r}. Expected e.g. "
+            '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", '
+            '"index": 0}}. Fix: set it as a cluster launcher (Kubeflow TFJob) does, or use '
+            "`tapeworks launch --workers N`.") from None
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def choose(*, tf_config=None, gpus=None):
+    """(strategy, why): what tapeworks runs on when no strategy is given.
+
+    `TF_CONFIG` with several workers gives `MultiWorkerMirroredStrategy`,
+    several visible GPUs give `MirroredStrategy`, otherwise the default
+    strategy (one device). Where it creates a strategy, that strategy must
+    come first in the program: `tapeworks.distribute.strategy()` at the top
+    of the script, models built under its scope.
+    """
+    workers = cluster_workers(tf_config)
+    if workers > 1:
+        try:
+            chosen = tf.distribute.MultiWorkerMirroredStrategy()
+        except (RuntimeError, ValueError) as error:
+            raise ConfigError(
+                f"TF_CONFIG names a cluster of {workers} workers, but "
+                f"MultiWorkerMirroredStrategy could not be created now ({error}). It must "
+                "be created before TensorFlow runs anything. Fix: call `strategy = "
+                "tapeworks.distribute.strategy()` at the top of the script and build the "
+                "model and optimizer under `with strategy.scope():`.") from None
+        return chosen, f"TF_CONFIG names a cluster of {workers} workers"
+    gpus = len(tf.config.list_logical_devices("GPU")) if gpus is None else gpus
+    if gpus > 1:
+        return tf.distribute.MirroredStrategy(), f"{gpus} GPUs are visible"
+    return tf.distribute.get_strategy(), (
+        "one device" + (" (one GPU)" if gpus == 1 else " (no GPU)"))
+
+
+def strategy():
+    """The strategy a tapeworks script should run under; call it first, build under its scope.
+
+    Example:
+
+    ```python
+    strategy = tapeworks.distribute.strategy()   # reads TF_CONFIG and the GPUs
+    with strategy.scope():
+        model = build_model()
+        trainer = tapeworks.Trainer(model, "adam", "mse")
+    trainer.fit(x, y, batch_size=64 * strategy.num_replicas_in_sync)
+    ```
+    """
+    if tf.distribute.has_strategy():
+        return tf.distribute.get_strategy()
+    chosen, why = choose()
+    logger.info("tapeworks: running under %s: %s", type(chosen).__name__, why)
+    return chosen
+
+
+def resolve(given):
+    """(strategy, why) for a Trainer: the one given, the one in scope, or `choose()`."""
+    if given is not None:
+        if not isinstance(given, tf.distribute.Strategy):
+            raise ConfigError(
+                f"`strategy` must be a tf.distribute.Strategy. Received: "
+                f"{type(given).__name__}. Fix: e.g. strategy=tf.distribute.MirroredStrategy().")
+        if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not given:
+            raise ConfigError(
+                f"The Trainer was given {type(given).__name__} but created under the scope of "
+                f"another strategy ({type(tf.distribute.get_strategy()).__name__}). Expected "
+                "one strategy. Fix: pass the strategy whose scope you are in, or none.")
+        return given, "given"
+    if tf.distribute.has_strategy():
+        return tf.distribute.get_strategy(), "the scope the Trainer was created in"
+    return choose()
+
+
+def check_in_scope(strategy, models, optimizers):
+    """Raises `ConfigError` when a model or optimizer was built outside `strategy`'s scope.
+
+    Their variables would then be ordinary ones on one device: the
+    replicas would not share them, and updates would be applied once per
+    replica.
+    """
+    if not replicas.is_replicated(strategy):
+        return
+    name = type(strategy).__name__
+    for model in models:
+        for weight in model.weights:
+            if not strategy.extended.variable_created_in_scope(_tf_variable(weight)):
+                raise ConfigError(
+                    f"`{model.name}` was built outside the scope of {name}: its weight "
+                    f"{weight.path!r} is an ordinary variable, which the replicas would not "
+                    "share. Expected every model built under the strategy's scope. Fix: "
+                    "create (and build) the model inside `with strategy.scope():`, then "
+                    "create the Trainer there too.")
+    for optimizer in optimizers:
+        if getattr(optimizer, "_distribution_strategy", strategy) is not strategy:
+            raise ConfigError(
+                f"The optimizer {type(optimizer).__name__} was created outside the scope of "
+                f"{name}, so its updates would not be synchronised. Expected it created under "
+                "the strategy's scope. Fix: create it inside `with strategy.scope():`, or "
+                "pass its name (optimizer=\"adam\") and the Trainer creates it there.")
+
+
+def _tf_variable(weight):
+    return weight.value if isinstance(weight, keras.Variable) else weight
+
+
+def per_replica_batch_size(global_batch_size, strategy=None):
+    """The batch each replica computes for a global batch, checked to split evenly.
+
+    tapeworks' `batch_size` is the global batch, as in Keras' `fit` under a
+    strategy: the dataset's batches are split across the replicas. An uneven
+    split weighs the samples of the smaller shares more (each replica's loss
+    is the mean over its share), so the global batch must be a multiple of
+    the replica count.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    count = strategy.num_replicas_in_sync
+    if not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool) \
+            or global_batch_size < 1:
+        raise ConfigError(
+            f"`global_batch_size` must be an integer >= 1. Received: {global_batch_size!r}.")
+    if global_batch_size % count:
+        raise ConfigError(
+            f"The global batch of {global_batch_size} (fit's batch_size or "
+            f"global_batch_size, the batch over all replicas) does not split evenly over "
+            f"{count} replicas. Expected a multiple of {count}. Fix: use "
+            f"{max(count, global_batch_size // count * count)} or "
+            f"{(global_batch_size // count + 1) * count}.")
+    return global_batch_size // count
+
+
+def linear_scaling(base_learning_rate, base_batch_size, global_batch_size, warmup_steps=0):
+    """The linear scaling rule with warm-up (Goyal et al., 2017), as a Keras schedule.
+
+    A learning rate tuned at `base_batch_size` is multiplied by
+    `global_batch_size / base_batch_size`; over the first `warmup_steps`
+    updates it rises linearly from the base rate to the scaled one (large
+    scaled rates diverge early otherwise), then stays there. Pass the result
+    as the optimizer's learning rate; it is opt-in: the rule is a starting
+    point that works for SGD-like optimizers, not a law (Adam often needs
+    less, e.g. the square root).
+
+    Keras' `CosineDecay` already has this warm-up; with `alpha=1` its decay
+    phase is flat, which is the rule exactly.
+    """
+    for name, value in (("base_batch_size", base_batch_size),
+                        ("global_batch_size", global_batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"`{name}` must be an integer >= 1. Received: {value!r}.")
+    if not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ConfigError(f"`warmup_steps` must be an integer >= 0. Received: {warmup_steps!r}.")
+    scaled = float(base_learning_rate) * global_batch_size / base_batch_size
+    if warmup_steps == 0:
+        return scaled
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=float(base_learning_rate), decay_steps=1, alpha=1.0,
+        warmup_target=scaled, warmup_steps=warmup_steps)
+
+
+def synchronize_batchnorm(models):
+    """Makes every BatchNormalization layer of `models` use the global batch's statistics.
+
+    Keras' own `synchronized=True`, set on each layer (it is read when the
+    layer is called): the mean and variance are all-reduced across replicas,
+    so the statistics are those of the global batch, as on one device.
+    Returns the layers changed.
+    """
+    from tapeworks.engine.task import layers_of
+
+    changed = []
+    for layer in layers_of(list(models), include_self=True):
+        if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
+            layer.synchronized = True
+            changed.append(layer)
+    return changed

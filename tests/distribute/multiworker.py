@@ -1,0 +1,47 @@
+"""One worker of a MultiWorkerMirroredStrategy training, or the same training in one process.
+
+`tapeworks launch --workers 2 -- python -m tests.distribute.multiworker OUT`
+trains under the strategy that `tapeworks.distribute.strategy()` picks from
+TF_CONFIG; without TF_CONFIG it trains on one device. Each process writes
+`OUT/worker-<index>.json` (or `OUT/single.json`): its weights, fit logs and
+step count, for the test to compare.
+"""
+
+import json
+import os
+import sys
+
+
+import tapeworks
+
+# First, before TensorFlow runs anything: MultiWorkerMirroredStrategy
+# configures the collective ops of this process.
+strategy = tapeworks.distribute.strategy()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def main(out):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = rng.normal(size=(64, 2)).astype("float32")
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(2)])
+        trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse",
+                                    metrics=["mae"], steps_per_call=2, plan_cache=False)
+    history = trainer.fit(x, y, global_batch_size=16, epochs=3, shuffle=False, verbose=0)
+    config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    name = (f"worker-{config['task']['index']}" if config else "single")
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump({"replicas": strategy.num_replicas_in_sync,
+                   "strategy": type(strategy).__name__,
+                   "weights": [w.tolist() for w in model.get_weights()],
+                   "history": history.history,
+                   "steps": int(trainer.counters.step.numpy())}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
