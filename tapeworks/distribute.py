@@ -131,6 +131,48 @@ def check_in_scope(strategy, models, optimizers):
                 "pass its name (optimizer=\"adam\") and the Trainer creates it there.")
 
 
+def worker_count(strategy):
+    """How many worker processes `strategy` spans: 1 but under MultiWorkerMirroredStrategy."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return 1
+    spec = resolver.cluster_spec()
+    return sum(spec.num_tasks(job) for job in spec.jobs if job in ("chief", "worker")) or 1
+
+
+def is_chief(strategy):
+    """Whether this process writes checkpoints: the chief (worker 0 without a chief)."""
+    return bool(strategy.extended.should_checkpoint)
+
+
+_AGREE = {}   # id(strategy) -> its traced agreement function
+
+
+def agreed_sum(strategy, values):
+    """The sum over workers of each worker's `values` (integers < 2**53), on every worker.
+
+    One all-reduce of a few numbers: how workers that each decide something
+    locally (a signal arrived, a save is due by the clock, the chief's seed)
+    come to one decision. Every worker must call it at the same point.
+    (`tf.distribute.ReduceOp` has SUM and MEAN only: a flag's sum says
+    whether any worker raised it; a value only the chief adds is the chief's.)
+    """
+    if worker_count(strategy) == 1:
+        return [int(v) for v in values]
+    key = id(strategy)
+    if key not in _AGREE:
+        def agree(local):
+            return strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.identity(v)), args=(local,))
+
+        _AGREE[key] = (strategy, tf.function(agree, autograph=False))
+    local = tf.constant([float(v) for v in values], tf.float64)
+    result = strategy.experimental_local_results(_AGREE[key][1](local))[0]
+    # Each worker's replicas all add the worker's values: divide them out.
+    per_worker = strategy.num_replicas_in_sync // worker_count(strategy)
+    return [int(round(v / per_worker)) for v in result.numpy()]
+
+
 def _tf_variable(weight):
     return weight.value if isinstance(weight, keras.Variable) else weight
 

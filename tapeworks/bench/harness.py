@@ -34,7 +34,8 @@ SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
                                  _scenario("lint"), _scenario("autotune"),
                                  _scenario("wallclock"), _scenario("diagnose"),
                                  _scenario("bugs"), _scenario("checkpoint"),
-                                 _scenario("export"), _scenario("prune"), _scenario("serve"))}
+                                 _scenario("export"), _scenario("prune"), _scenario("serve"),
+                                 _scenario("distribute"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):

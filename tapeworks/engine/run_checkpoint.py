@@ -60,6 +60,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 import time
 import zlib
@@ -579,7 +580,7 @@ class RunCheckpointer:
     """
 
     def __init__(self, directory, every="epoch", keep=3, keep_best=None, resume=True,
-                 overwrite=False, checkpoint_data="auto", asynchronous=False):
+                 overwrite=False, checkpoint_data="auto", asynchronous=False, chief=True):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"`keep` must be an integer >= 1 (the newest checkpoints kept). "
                               f"Received: keep={keep!r}")
@@ -588,6 +589,11 @@ class RunCheckpointer:
                               f"\"val_loss\". Received: keep_best={keep_best!r}")
         self.every = parse_every(every)
         self.folder = CheckpointFolder(directory, keep)
+        # Under several workers only the chief writes into the folder (the
+        # others write their state, whose reads are collective, to a
+        # temporary folder they delete) and only it removes anything there;
+        # every worker restores from it (a folder all of them can read).
+        self.chief = bool(chief)
         self.keep_best = keep_best
         self.resume = bool(resume)
         self.checkpoint_data = checkpoint_data
@@ -616,7 +622,8 @@ class RunCheckpointer:
                     "fresh would mix this run's checkpoints with another's. Expected an empty "
                     "or new folder. Fix: pass resume=True to continue that run, overwrite=True "
                     "to delete its checkpoints, or another checkpoint_dir.")
-            self.folder.clear()
+            if self.chief:
+                self.folder.clear()
 
     # Restoring ------------------------------------------------------------------
 
@@ -630,7 +637,7 @@ class RunCheckpointer:
         fails its manifest or does not load is reported and the previous one
         tried; when checkpoints exist and none loads, `CheckpointError`.
         """
-        removed = self.folder.remove_partials()
+        removed = self.folder.remove_partials() if self.chief else 0
         if removed:
             logger.info("removed %d unfinished save(s) in %s", removed, self.folder.path)
         if not self.resume:
@@ -736,6 +743,8 @@ class RunCheckpointer:
                 np.savez(os.path.join(folder, "callbacks.npz"), **arrays)
             _write_json(os.path.join(folder, RUN), run)
 
+        if not self.chief:
+            return self._save_as_worker(step, position, write_files, start)
         partial, final = self.folder.write(step, write_files)
         if best_value is not None and (self._best is None or _better(
                 self.keep_best, best_value, self._best[0])):
@@ -763,6 +772,23 @@ class RunCheckpointer:
                 raise _unfinished(record, error) from error
         record.seconds = time.perf_counter() - start
         self.records.append(record)
+        self._last_save_step = step
+        self.save_at_epoch_end = False
+        self.last_position = (position["epoch"], position["steps_in_epoch"])
+        self._last_save_time = time.monotonic()
+        return final
+
+    def _save_as_worker(self, step, position, write_files, start):
+        """A save on a worker that is not the chief: the same writes, into a folder deleted after.
+
+        Writing reads every variable, and a variable summed across replicas
+        (a metric's total) is read with a collective all workers must join.
+        Returns the folder the chief publishes.
+        """
+        with tempfile.TemporaryDirectory(prefix="tapeworks-worker-save-") as scratch:
+            write_files(scratch)
+        final = os.path.join(self.folder.path, f"{PREFIX}{step:012d}")
+        self.records.append(SaveRecord(step, final, time.perf_counter() - start))
         self._last_save_step = step
         self.save_at_epoch_end = False
         self.last_position = (position["epoch"], position["steps_in_epoch"])

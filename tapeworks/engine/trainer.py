@@ -12,6 +12,7 @@ import collections
 import logging
 import os
 import re
+import signal
 import time
 import weakref
 
@@ -498,7 +499,8 @@ class Trainer:
                     resumer = run_checkpoint.RunCheckpointer(
                         checkpoint_dir, every=checkpoint_every, keep=keep,
                         keep_best=keep_best, resume=resume, overwrite=overwrite,
-                        checkpoint_data=checkpoint_data, asynchronous=checkpoint_async)
+                        checkpoint_data=checkpoint_data, asynchronous=checkpoint_async,
+                        chief=distribute_lib.is_chief(self._strategy))
                     with resumer.preemption:
                         try:
                             history = self._fit(x, y, batch_size, epochs, verbose, callbacks,
@@ -544,10 +546,21 @@ class Trainer:
         self.task.check_unchanged()
         data_stage.check_epochs(epochs, initial_epoch, steps_per_epoch)
         data_stage.check_validation_freq(validation_freq)
-        if resumer is not None and self._data.seed is None:
+        workers = distribute_lib.worker_count(self._strategy)
+        if self._data.seed is None and (resumer is not None or workers > 1):
             # Array inputs are replayed from the seed on resume: a run
-            # without one gets one, kept in the checkpoint folder.
-            self._data.seed = resumer.run_seed(lambda: int.from_bytes(os.urandom(4), "little"))
+            # without one gets one, kept in the checkpoint folder. Several
+            # workers shuffle with the chief's, or their shards would overlap.
+            chief = distribute_lib.is_chief(self._strategy)
+            seed = 0
+            if chief:
+                def make():
+                    return int.from_bytes(os.urandom(4), "little")
+
+                seed = resumer.run_seed(make) if resumer is not None else make()
+            if workers > 1:
+                seed = distribute_lib.agreed_sum(self._strategy, [seed])[0]
+            self._data.seed = seed
         train, validation = self._data.for_fit(
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
             class_weight=class_weight, steps_per_epoch=steps_per_epoch,
@@ -565,6 +578,15 @@ class Trainer:
         resume_point = None
         if resumer is not None:
             resumer.data = run_checkpoint.data_mode(train, resumer.checkpoint_data)
+            if resumer.data == "iterator" and workers > 1:
+                raise ConfigError(
+                    f"checkpoint_dir with a tf.data pipeline under {workers} workers: tf.data's "
+                    "iterator checkpoint holds one worker's position in its own shard, which "
+                    "the chief's checkpoint cannot hold for every worker. Expected arrays "
+                    "(replayed from the run's seed on any number of workers) or "
+                    "checkpoint_data=\"skip\". Fix: pass checkpoint_data=\"skip\" (the "
+                    "pipeline is re-created and the batches already trained are skipped: exact "
+                    "for a pipeline in a fixed order), or arrays.")
             resume_point = resumer.restore(self._read_run_state)
             if resumer.data == "iterator":
                 saved = (resume_point.symbolic if resume_point is not None
@@ -666,8 +688,9 @@ class Trainer:
             self._announce_choice_once(verbose)
             self._announce_input_choice_once(input_planner, verbose)
             training_logs = epoch_logs
-            if resumer is not None and (resumer.due_after_epoch() or resumer.save_at_epoch_end
-                                        or resumer.preemption.signal is not None):
+            if resumer is not None and self._agreed_save(
+                    resumer.due_after_epoch() or resumer.save_at_epoch_end
+                    or resumer.preemption.signal is not None):
                 # A run a callback stopped is saved as finished: running the
                 # command again must not train on past EarlyStopping.
                 self._save_run(batches, epochs if self.model.stop_training else epoch + 1, 0, 0,
@@ -805,7 +828,8 @@ class Trainer:
                 restarted = False
                 callback_list.on_train_batch_end(steps_done - 1, logs)
                 progress.update(steps_done, samples_done, logs, self._planner.status())
-                if self._resumer is not None and self._resumer.due_after_call(self._host_step):
+                if self._resumer is not None and self._agreed_save(
+                        self._resumer.due_after_call(self._host_step)):
                     if (epoch_steps and steps_done >= epoch_steps
                             and self._resumer.preemption.signal is None):
                         # The epoch's last step: saved at the epoch's end, once,
@@ -1279,6 +1303,25 @@ class Trainer:
         self._state_writer = (structure, tf.function(
             step.Traced(state.write), input_signature=[tf.TensorSpec([], tf.string)],
             autograph=False))
+
+    def _agreed_save(self, due):
+        """Whether to save now: `due`, agreed between workers, with any worker's preemption.
+
+        One worker alone decides from its clock (`checkpoint_every` a
+        duration) and its signals; a save reads variables with collectives
+        every worker must join, so under several workers the decision is one
+        small all-reduce: any worker's due save or SIGTERM makes every worker
+        save at the same step (and, after a signal, exit).
+        """
+        resumer = self._resumer
+        if distribute_lib.worker_count(self._strategy) == 1:
+            return due
+        signalled, wanted = distribute_lib.agreed_sum(
+            self._strategy, [int(resumer.preemption.signal is not None), int(due)])
+        if signalled and resumer.preemption.signal is None:
+            # Another worker was signalled: this one saves and exits with it.
+            resumer.preemption.signal = signal.SIGTERM
+        return bool(wanted or signalled)
 
     def _exit_if_preempted(self):
         number = self._resumer.preemption.signal

@@ -1,6 +1,7 @@
 """The `tapeworks` command line, run as a real process."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def test_bench_list():
     assert result.returncode == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose", "bugs", "checkpoint", "export", "prune", "serve"]
+        "diagnose", "bugs", "checkpoint", "export", "prune", "serve", "distribute"]
 
 
 @pytest.mark.slow
@@ -135,6 +136,22 @@ def test_prune_bench_quick_compresses_the_pruned_file(tmp_path):
     assert rows["80% magnitude"]["size_kib"] == pytest.approx(rows["dense"]["size_kib"], rel=0.01)
     assert rows["80% magnitude"]["vs_dense_gzip"] < 0.5
     assert "Nothing is timed" in (tmp_path / "prune.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_distribute_bench_quick_times_every_approach(tmp_path):
+    result = tapeworks("bench", "distribute", "--quick", "--repeats", "3", "--out",
+                       str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "distribute.json").read_text())
+    assert len(report["rows"]) == 12   # 2 models x 6 approaches
+    for row in report["rows"]:
+        # A difference of two timings: noisy on a quick run (it may even dip
+        # below 0 there), so only its presence is checked.
+        assert len(row["repeats"]) == 3 and math.isfinite(row["ms_per_step"])
+        assert (row["allreduced_kib"] == 0) == ("no strategy" in row["approach"])
+    assert "overhead, not speed-up" in (tmp_path / "distribute.md").read_text()
 
 
 @pytest.mark.slow

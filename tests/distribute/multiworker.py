@@ -12,6 +12,8 @@ import os
 import sys
 
 
+import tensorflow as tf
+
 import tapeworks
 
 # First, before TensorFlow runs anything: MultiWorkerMirroredStrategy
@@ -33,14 +35,24 @@ def main(out):
         trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse",
                                     metrics=["mae"], steps_per_call=2, plan_cache=False)
     history = trainer.fit(x, y, global_batch_size=16, epochs=3, shuffle=False, verbose=0)
+    weights = [w.tolist() for w in model.get_weights()]
+    steps = int(trainer.counters.step.numpy())
+    refused = None
+    try:
+        # A tf.data pipeline's iterator checkpoint cannot hold every worker's shard.
+        trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).prefetch(2), verbose=0,
+                    checkpoint_dir=os.path.join(out, "refused"))
+    except tapeworks.ConfigError as error:
+        refused = str(error)
     config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     name = (f"worker-{config['task']['index']}" if config else "single")
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump({"replicas": strategy.num_replicas_in_sync,
                    "strategy": type(strategy).__name__,
-                   "weights": [w.tolist() for w in model.get_weights()],
+                   "weights": weights,
                    "history": history.history,
-                   "steps": int(trainer.counters.step.numpy())}, f)
+                   "steps": steps,
+                   "refused": refused}, f)
 
 
 if __name__ == "__main__":

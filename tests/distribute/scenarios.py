@@ -11,15 +11,11 @@ import contextlib
 import json
 import sys
 
+import keras
+import numpy as np
 import tensorflow as tf
 
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import tapeworks  # noqa: E402
+import tapeworks
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(64, 4)).astype("float32")
@@ -157,6 +153,9 @@ def run(strategy, name):
 
 
 if __name__ == "__main__":
+    # Two logical CPUs, before TensorFlow starts (the test imports only the names).
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     # One strategy per process, as in a real script: two MirroredStrategy
     # objects in one process reuse collective keys (TensorFlow's own limit).
     mirrored = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

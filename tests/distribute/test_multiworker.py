@@ -33,6 +33,8 @@ def test_two_workers_train_like_one_process(tmp_path):
     results = {name: json.loads((tmp_path / f"{name}.json").read_text())
                for name in ("single", "worker-0", "worker-1")}
     assert results["single"]["replicas"] == 1
+    # One process may checkpoint its pipeline's iterator: not refused there.
+    assert results["single"]["refused"] is None
     for worker in ("worker-0", "worker-1"):
         result = results[worker]
         assert result["replicas"] == 2
@@ -41,5 +43,7 @@ def test_two_workers_train_like_one_process(tmp_path):
         assert result["steps"] == results["single"]["steps"] == 12
         for one, several in zip(results["single"]["weights"], result["weights"]):
             np.testing.assert_allclose(several, one, rtol=0, atol=1e-6)
+        assert "under 2 workers" in result["refused"]
+        assert 'checkpoint_data="skip"' in result["refused"]
         for key, values in results["single"]["history"].items():
             np.testing.assert_allclose(result["history"][key], values, rtol=1e-5)

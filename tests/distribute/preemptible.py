@@ -1,0 +1,58 @@
+"""A multi-worker training that saves to `checkpoint_dir` and can be preempted.
+
+`tapeworks launch --workers 2 -- python -m tests.distribute.preemptible CKPT OUT`
+(or without the launcher: one process). Each worker prints `PID <pid>` first
+and `PROGRESS <step>` after every step, so that a test can send SIGTERM to one
+worker mid-run; at the end each writes `OUT/<name>.json` with its weights and
+step count.
+"""
+
+import json
+import os
+import sys
+import time
+
+import tapeworks
+
+strategy = tapeworks.distribute.strategy()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+EPOCHS = 30
+
+
+class Progress(keras.callbacks.Callback):
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"PROGRESS {int(self.trainer.counters.step.numpy())}", flush=True)
+        time.sleep(0.05)   # a window for the test's signal
+
+
+def main(checkpoint_dir, out):
+    print(f"PID {os.getpid()}", flush=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = rng.normal(size=(64, 2)).astype("float32")
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(2)])
+        trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse", seed=7,
+                                    steps_per_call=1, jit_compile=False, plan_cache=False)
+    trainer.fit(x, y, global_batch_size=16, epochs=EPOCHS, verbose=0,
+                callbacks=[Progress(trainer)], checkpoint_dir=checkpoint_dir,
+                checkpoint_every=3)
+    config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    name = f"worker-{config['task']['index']}" if config else "single"
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump({"weights": [w.tolist() for w in model.get_weights()],
+                   "steps": int(trainer.counters.step.numpy()),
+                   "saves": len(trainer.checkpoint_saves)}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
