@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from tapeworks.engine import replicas
-from tapeworks.errors import ConfigError
+from tapeworks.errors import ConfigError, DataSpecError, PerformanceWarning, warn
 
 logger = logging.getLogger("tapeworks")
 
@@ -92,6 +92,7 @@ def resolve(given):
             raise ConfigError(
                 f"`strategy` must be a tf.distribute.Strategy. Received: "
                 f"{type(given).__name__}. Fix: e.g. strategy=tf.distribute.MirroredStrategy().")
+        _check_supported(given)
         if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not given:
             raise ConfigError(
                 f"The Trainer was given {type(given).__name__} but created under the scope of "
@@ -99,8 +100,21 @@ def resolve(given):
                 "one strategy. Fix: pass the strategy whose scope you are in, or none.")
         return given, "given"
     if tf.distribute.has_strategy():
+        _check_supported(tf.distribute.get_strategy())
         return tf.distribute.get_strategy(), "the scope the Trainer was created in"
     return choose()
+
+
+def _check_supported(strategy):
+    """ParameterServerStrategy trains through its own coordinator: refused with the reason."""
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ConfigError(
+            "ParameterServerStrategy is not supported: its training runs through a "
+            "ClusterCoordinator that schedules steps on remote workers, not through a step "
+            "every worker runs in lockstep. Expected MirroredStrategy, "
+            "MultiWorkerMirroredStrategy, OneDeviceStrategy or the default strategy. Fix: use "
+            "MultiWorkerMirroredStrategy for several machines (`tapeworks.distribute.strategy()` "
+            "picks it from TF_CONFIG), or Keras' `model.fit` for parameter-server training.")
 
 
 def check_in_scope(strategy, models, optimizers):
@@ -171,6 +185,78 @@ def agreed_sum(strategy, values):
     # Each worker's replicas all add the worker's values: divide them out.
     per_worker = strategy.num_replicas_in_sync // worker_count(strategy)
     return [int(round(v / per_worker)) for v in result.numpy()]
+
+
+# tf.data's file readers: what FILE sharding splits between workers.
+_READERS = {"TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset",
+            "FixedLengthRecordDataset", "FixedLengthRecordDatasetV2"}
+
+
+def shardable(dataset, workers):
+    """`dataset`, able to be split between `workers` workers, or a `DataSpecError` saying why not.
+
+    tf.data's auto-shard policy (AUTO, the default) gives each worker whole
+    files when the pipeline reads files, and fails at the first batch, deep
+    in the graph, when there are fewer files than workers. Found here first:
+    under AUTO, such a pipeline is sharded by data instead (each worker reads
+    every file and keeps its share, which works at the cost of reading
+    everything everywhere: a `PerformanceWarning` says so); a policy set to
+    FILE explicitly is an error with the fix. In-memory data is sharded by
+    data already.
+    """
+    from tapeworks.data.pipeline_check import dataset_graph
+    from tapeworks.data.sources import tfrecord_files_in
+
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    by = tf.data.experimental.AutoShardPolicy
+    if workers < 2 or policy not in (by.AUTO, by.FILE) or _holds_tensors(dataset):
+        return dataset
+    graph = dataset_graph(dataset)
+    ops = {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def}
+    if not ops & _READERS or "MatchingFiles" in ops:
+        # No files, or files listed when the pipeline runs (`list_files`): tf.data decides.
+        return dataset
+    files = tfrecord_files_in(dataset)
+    if len(files) >= workers:
+        return dataset
+    if policy == by.FILE:
+        raise DataSpecError(
+            f"The training pipeline reads {len(files)} file(s) and asks for FILE sharding "
+            f"between {workers} workers: some workers would get no file. Expected at least "
+            f"{workers} files. Fix: split the data into {workers} or more files, or shard by "
+            "data: `options = tf.data.Options(); options.experimental_distribute."
+            "auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA; dataset = "
+            "dataset.with_options(options)`.")
+    warn(f"tapeworks: the training pipeline reads {len(files)} file(s) for {workers} "
+         "workers, too few to give each worker files of its own: it is sharded by data "
+         "instead (every worker reads every file and keeps its share). Fix: write the data "
+         f"into at least {workers} files (better: many more) for sharding by file.",
+         PerformanceWarning)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = by.DATA
+    return dataset.with_options(options)
+
+
+def _holds_tensors(dataset):
+    """Whether the pipeline starts from tensors in memory (arrays), and reads no file.
+
+    Walked in Python, not through the graph, which would copy those tensors.
+    A file reader's own inputs (its list of names) are not looked into.
+    """
+    stack, seen, tensors = [dataset], set(), False
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        name = type(current).__name__.lstrip("_")
+        if any(name.startswith(reader.replace("V2", "")) for reader in _READERS):
+            return False
+        inputs = current._inputs() if hasattr(current, "_inputs") else []
+        tensors = tensors or (not inputs and name in ("TensorSliceDataset", "TensorDataset"))
+        stack.extend(inputs)
+    return tensors
 
 
 def _tf_variable(weight):

@@ -37,6 +37,7 @@ class GAN(tapeworks.Task):
 """
 
 import dataclasses
+import threading
 import warnings
 
 import keras
@@ -144,8 +145,22 @@ class Task:
     def __init__(self):
         self._updates = []
         self._frozen = []
-        self._captures = {}
+        # Per thread: MirroredStrategy traces each replica's step in a thread
+        # of its own, and each replica returns its own captured tensors.
+        self._capture_local = threading.local()
         self._capture_specs = {}
+
+    @property
+    def _captures(self):
+        """This thread's (this replica's) tensors marked by `capture` in the running step."""
+        captures = getattr(self._capture_local, "captures", None)
+        if captures is None:
+            captures = self._capture_local.captures = {}
+        return captures
+
+    @_captures.setter
+    def _captures(self, value):
+        self._capture_local.captures = value
 
     # Declaring ------------------------------------------------------------
 

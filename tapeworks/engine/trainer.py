@@ -191,10 +191,7 @@ class Trainer:
                                   f"sync_batchnorm={sync_batchnorm!r}")
             if sync_batchnorm:
                 distribute_lib.synchronize_batchnorm(self.task.models)
-            if replicas.is_replicated(self._strategy):
-                logger.info("tapeworks: training on %d replicas under %s (%s)",
-                            self._strategy.num_replicas_in_sync,
-                            type(self._strategy).__name__, self._strategy_reason)
+            self._replicas_announced = False
 
     def _setup(self, model, optimizer, loss, metrics, loss_weights, weighted_metrics,
                jit_compile, steps_per_call, seed, run_eagerly, allow_missing_gradients,
@@ -319,6 +316,7 @@ class Trainer:
         self.pruning = pruning
         self._built = False
         self.per_replica_batch_size = None   # under several replicas, once fit knows the batch
+        self._shardable = {}    # id(dataset) -> (dataset, as sharded between workers)
         self._announced = None    # the choice last announced (and stored)
         if not isinstance(deterministic, bool):
             raise ConfigError(f"`deterministic` must be True or False. Received: "
@@ -522,6 +520,20 @@ class Trainer:
             finally:
                 self.retraces = watch.reported
 
+    def _announce_replicas(self, batch_size, verbose):
+        """Under a replicated strategy: how many replicas, why, each one's batch (printed once)."""
+        if not replicas.is_replicated(self._strategy):
+            return
+        count = self._strategy.num_replicas_in_sync
+        batch = (f"global batch {batch_size}, {batch_size // count} per replica"
+                 if batch_size else "each of the dataset's batches split across them")
+        line = (f"tapeworks: training on {count} replica{'s' if count != 1 else ''} under "
+                f"{type(self._strategy).__name__} ({self._strategy_reason}); {batch}")
+        logger.info("%s", line)
+        if verbose and not self._replicas_announced:
+            self._replicas_announced = True
+            print(line)
+
     def _global_batch(self, batch_size, global_batch_size):
         """`batch_size` for fit, checked to split evenly over the replicas."""
         if global_batch_size is not None:
@@ -540,6 +552,7 @@ class Trainer:
              steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
              resumer=None):
         verbose = resolve_verbose(verbose)
+        self._announce_replicas(batch_size, verbose)
         self._resumer = resumer
         self._before_resume = None   # not left over from a fit an error stopped
         self.checkpoint_saves = resumer.records if resumer is not None else []
@@ -1569,6 +1582,12 @@ class Trainer:
             if eagerly:
                 loss_names = list(probe(_zeros_like(element_spec)))
                 self.task.reset_metrics()
+                if not self.run_eagerly and self.task._captures:
+                    # The captures' shapes as the compiled step sees them (an
+                    # unknown batch size, not the probe's 1): traced now that
+                    # every variable exists, so the trace creates none.
+                    tf.function(probe, autograph=False).get_concrete_function(element_spec)
+                    self.task.reset_metrics()
             else:
                 loss_names = list(tf.function(probe, autograph=False).get_concrete_function(
                     element_spec).structured_outputs)
@@ -1703,6 +1722,14 @@ class Trainer:
         """
         if not replicas.is_replicated(self._strategy):
             return iter(dataset)
+        workers = distribute_lib.worker_count(self._strategy)
+        if workers > 1:
+            # Checked once per dataset: it walks the pipeline's graph.
+            checked = self._shardable.get(id(dataset))
+            if checked is None or checked[0] is not dataset:
+                checked = (dataset, distribute_lib.shardable(dataset, workers))
+                self._shardable = {id(dataset): checked}
+            dataset = checked[1]
         return iter(self._strategy.experimental_distribute_dataset(dataset))
 
     def _predict_loop(self, element_spec):

@@ -44,6 +44,7 @@ def main(out):
                     checkpoint_dir=os.path.join(out, "refused"))
     except tapeworks.ConfigError as error:
         refused = str(error)
+    sharding = _one_file_sharding(out, trainer) if strategy.num_replicas_in_sync > 1 else {}
     config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     name = (f"worker-{config['task']['index']}" if config else "single")
     with open(os.path.join(out, name + ".json"), "w") as f:
@@ -52,7 +53,33 @@ def main(out):
                    "weights": weights,
                    "history": history.history,
                    "steps": steps,
-                   "refused": refused}, f)
+                   "refused": refused, "sharding": sharding}, f)
+
+
+def _one_file_sharding(out, trainer):
+    """A pipeline of one file for two workers: sharded by data under AUTO, refused under FILE."""
+    path = os.path.join(out, f"one-{os.getpid()}.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for value in range(8):
+            writer.write(tf.io.serialize_tensor(tf.fill([4], float(value))).numpy())
+
+    def parse(record):
+        x = tf.io.parse_tensor(record, tf.float32)
+        x.set_shape([4])
+        return x, x[:2]
+
+    dataset = tf.data.TFRecordDataset([path]).map(parse, num_parallel_calls=2).batch(4)
+    found = {}
+    before = int(trainer.counters.step.numpy())
+    trainer.fit(dataset.prefetch(2), verbose=0)
+    found["auto_steps"] = int(trainer.counters.step.numpy()) - before
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    try:
+        trainer.fit(dataset.with_options(options).prefetch(2), verbose=0)
+    except tapeworks.DataSpecError as error:
+        found["file_refused"] = str(error)
+    return found
 
 
 if __name__ == "__main__":

@@ -63,13 +63,14 @@ class GAN(tapeworks.Task):
         fake_logits = self.discriminator(fake, training=training)
         d_loss = (self.bce(tf.ones_like(real_logits), real_logits)
                   + self.bce(tf.zeros_like(fake_logits), fake_logits))
+        self.capture("fake", fake)
         return {"d_loss": d_loss, "g_loss": self.bce(tf.ones_like(fake_logits), fake_logits)}
 
 
 def gan():
     task = GAN()
     noise = rng.normal(size=(64, 3)).astype("float32")
-    trainer = tapeworks.Trainer(task, steps_per_call=2)
+    trainer = tapeworks.Trainer(task, steps_per_call=2, capture_every=2)
     return task.generator, trainer, tf.data.Dataset.from_tensor_slices((X, noise)).batch(16)
 
 
@@ -137,13 +138,17 @@ def run(strategy, name):
         keras.utils.set_random_seed(1)
         model, trainer, data = SCENARIOS[name]()
     kwargs = {} if isinstance(data, tf.data.Dataset) else {"batch_size": 16, "shuffle": False}
-    history = trainer.fit(data, epochs=3, verbose=0, **kwargs)
+    captured = []
+    callbacks = [tapeworks.CaptureCallback(
+        lambda step, tensors: captured.append((step, tensors["fake"].tolist())))]
+    history = trainer.fit(data, epochs=3, verbose=0, callbacks=callbacks, **kwargs)
     result = {
         "name": name,
         "replicas": trainer._strategy.num_replicas_in_sync,
         "weights": [w.tolist() for w in model.get_weights()],
         "history": history.history,
         "steps": int(trainer.counters.step.numpy()),
+        "captured": captured,
     }
     if not isinstance(data, tf.data.Dataset):
         result["evaluate"] = trainer.evaluate(data, batch_size=16, verbose=0, return_dict=True)

@@ -83,3 +83,13 @@ def test_the_task_loss_rule_holds_for_keras_losses_and_plain_means(runs):
     for term in ("keras", "plain"):
         np.testing.assert_allclose(mirrored["history"][term], one["history"][term],
                                    rtol=1e-5)
+
+
+def test_captures_come_from_the_first_replica(runs):
+    # capture_every=2 on the GAN: the same steps; under two replicas the first
+    # replica's share of the batch (its first half), as on one device.
+    one, mirrored = runs["one"]["gan"]["captured"], runs["mirrored"]["gan"]["captured"]
+    assert [step for step, _ in one] == [step for step, _ in mirrored] and len(one) == 6
+    for (_, whole), (_, share) in zip(one, mirrored):
+        assert len(whole) == 16 and len(share) == 8
+        np.testing.assert_allclose(share, whole[:8], rtol=0, atol=1e-5)

@@ -43,6 +43,11 @@ def test_two_workers_train_like_one_process(tmp_path):
         assert result["steps"] == results["single"]["steps"] == 12
         for one, several in zip(results["single"]["weights"], result["weights"]):
             np.testing.assert_allclose(several, one, rtol=0, atol=1e-6)
+        # One file for two workers: by data under AUTO (8 records, global batch 4),
+        # a clear error under FILE, before any step.
+        assert result["sharding"]["auto_steps"] == 2
+        assert "reads 1 file(s) and asks for FILE sharding between 2 workers" in \
+            result["sharding"]["file_refused"]
         assert "under 2 workers" in result["refused"]
         assert 'checkpoint_data="skip"' in result["refused"]
         for key, values in results["single"]["history"].items():

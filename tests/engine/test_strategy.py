@@ -89,6 +89,25 @@ def test_xla_is_refused_under_a_replicated_strategy():
             tapeworks.Trainer(model, "sgd", "mse", jit_compile=True)
 
 
+def test_parameter_server_strategy_is_refused_with_the_reason():
+    # Its steps are scheduled by a ClusterCoordinator: not a lockstep replicated step.
+    strategy = object.__new__(tf.distribute.experimental.ParameterServerStrategy)
+    with pytest.raises(tapeworks.ConfigError, match="ParameterServerStrategy is not supported"):
+        distribute.resolve(strategy)
+
+
+def test_the_replicas_are_announced_once(capsys):
+    _, trainer = _train(tf.distribute.MirroredStrategy(["/cpu:0"]))
+    x, y = models.regression_data(n=16)
+    trainer.fit(x, y, batch_size=8, verbose=1)
+    trainer.fit(x, y, batch_size=8, verbose=1)
+    lines = [line for line in capsys.readouterr().out.splitlines()
+             if "under MirroredStrategy" in line]
+    # The first fit (verbose=0) printed nothing; the next ones say it once.
+    assert lines == ["tapeworks: training on 1 replica under MirroredStrategy (the scope the "
+                     "Trainer was created in); global batch 8, 8 per replica"]
+
+
 def test_a_second_strategy_is_refused():
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
         model = models.sequential()
@@ -144,3 +163,26 @@ def test_choosing_a_strategy_reads_tf_config():
                                                                        "index": 0}})
     strategy, why = distribute.choose(tf_config=one, gpus=0)
     assert strategy is tf.distribute.get_strategy() and why == "one device (no GPU)"
+
+
+def test_a_pipeline_of_too_few_files_is_sharded_by_data_or_refused(tmp_path):
+    paths = []
+    for index in range(2):
+        paths.append(str(tmp_path / f"part-{index}.tfrecord"))
+        with tf.io.TFRecordWriter(paths[-1]) as writer:
+            writer.write(b"record")
+    by = tf.data.experimental.AutoShardPolicy
+    one_file = tf.data.TFRecordDataset(paths[:1]).batch(2)
+    with pytest.warns(tapeworks.PerformanceWarning, match="sharded by data instead"):
+        sharded = distribute.shardable(one_file, workers=2)
+    assert sharded.options().experimental_distribute.auto_shard_policy == by.DATA
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = by.FILE
+    with pytest.raises(tapeworks.DataSpecError, match=r"reads 1 file\(s\) and asks for FILE "
+                       r"sharding between 2 workers.*AutoShardPolicy.DATA"):
+        distribute.shardable(one_file.with_options(options), workers=2)
+    # Enough files, one worker, or arrays in memory: left to tf.data as they are.
+    two_files = tf.data.TFRecordDataset(paths).batch(2)
+    arrays = tf.data.Dataset.from_tensor_slices(np.zeros((4, 2))).batch(2)
+    for dataset, workers in ((two_files, 2), (one_file, 1), (arrays, 2)):
+        assert distribute.shardable(dataset, workers) is dataset

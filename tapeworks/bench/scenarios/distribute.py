@@ -138,18 +138,20 @@ def _run(spec):
 def run(quick=False, repeats=3):
     rows = []
     fits = 2 if quick else 5
-    for size in _sizes(quick):
+    # Quick (the tests' smoke run): the small MLP, tapeworks' four ways.
+    approaches = APPROACHES[:4] if quick else APPROACHES
+    for size in _sizes(quick)[:1] if quick else _sizes(quick):
         # About as many steps for each model as a fit of a few seconds holds.
         calls = 2 if quick else (10 if size.widths[1] < 256 else 2)
-        times = {name: [] for name in APPROACHES}
+        times = {name: [] for name in approaches}
         for round_index in range(repeats):
-            shift = round_index % len(APPROACHES)
-            for approach in APPROACHES[shift:] + APPROACHES[:shift]:
+            shift = round_index % len(approaches)
+            for approach in approaches[shift:] + approaches[:shift]:
                 result = _run({"model": size.name, "approach": approach, "quick": quick,
                                "calls": calls, "fits": fits})
                 times[approach].append(result["seconds_per_step"])
         gradient_bytes = size.parameters() * 4
-        for approach in APPROACHES:
+        for approach in approaches:
             median = statistics.median(times[approach])
             base = statistics.median(times["keras fit, no strategy" if approach.startswith(
                 "keras") else "no strategy"])
