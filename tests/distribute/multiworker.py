@@ -21,17 +21,14 @@ import tapeworks
 strategy = tapeworks.distribute.strategy()
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
+
+from tests.distribute import common  # noqa: E402
 
 
 def main(out):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 4)).astype("float32")
-    y = rng.normal(size=(64, 2)).astype("float32")
+    x, y = common.regression_data()
     with strategy.scope():
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                                  keras.layers.Dense(2)])
+        model = common.small_mlp()
         trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse",
                                     metrics=["mae"], steps_per_call=2, plan_cache=False)
     history = trainer.fit(x, y, global_batch_size=16, epochs=3, shuffle=False, verbose=0)

@@ -17,7 +17,8 @@ import tapeworks
 strategy = tapeworks.distribute.strategy()
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
+
+from tests.distribute import common  # noqa: E402
 
 EPOCHS = 30
 
@@ -34,13 +35,9 @@ class Progress(keras.callbacks.Callback):
 
 def main(checkpoint_dir, out):
     print(f"PID {os.getpid()}", flush=True)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 4)).astype("float32")
-    y = rng.normal(size=(64, 2)).astype("float32")
+    x, y = common.regression_data()
     with strategy.scope():
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                                  keras.layers.Dense(2)])
+        model = common.small_mlp()
         trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse", seed=7,
                                     steps_per_call=1, jit_compile=False, plan_cache=False)
     trainer.fit(x, y, global_batch_size=16, epochs=EPOCHS, verbose=0,
