@@ -181,14 +181,14 @@ class Updater:
     def close_window(self):
         """Applies the accumulated window (skips it if it overflowed) and resets it."""
         state = self.state
-        # Each replica's sum over its part of the window, times the replica
-        # count over every replica's samples: the replicas' gradients, which
+        # Each replica's sum over its part of the window, over every replica's
+        # samples divided by the replica count: the replicas' gradients, which
         # the optimizer sums, add up to the gradient of the window's mean loss
-        # (the objective each replica differentiated was divided by the
-        # replica count: `replicas.for_gradient`).
-        scale = tf.cast(replicas.num_replicas(), tf.float32) / replicas.sum_over_replicas(
-            state.samples.read_value())
-        grads_and_vars = [(acc * scale, v)
+        # (each replica's objective was divided by the replica count:
+        # `replicas.for_gradient`). On one device: the window's samples, exactly.
+        divisor = replicas.sum_over_replicas(state.samples.read_value()) / tf.cast(
+            replicas.num_replicas(), tf.float32)
+        grads_and_vars = [(acc / divisor, v)
                           for acc, v in zip(state.gradients, self.variables)]
         finite = state.window_finite.read_value() if self._checks_window() else None
         self._apply_or_skip(grads_and_vars, finite)
