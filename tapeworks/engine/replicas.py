@@ -80,21 +80,20 @@ def local_variable(initial_value, **kwargs):
                        aggregation=tf.VariableAggregation.SUM, **kwargs)
 
 
+def sum_over_replicas(value):
+    """`value` (a tensor or a list of them) summed over the replicas, in a replica's context."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
 def agree(finite):
     """`finite` of every replica, and-ed: a verdict all replicas share (identity on one)."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return finite
-    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite),
-                                                                 tf.int32))
-    return tf.equal(bad, 0)
-
-
-def sum_over_replicas(value):
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return value
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    return tf.equal(sum_over_replicas(tf.cast(tf.logical_not(finite), tf.int32)), 0)
 
 
 def needs_merge_call():

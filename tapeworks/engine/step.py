@@ -218,22 +218,20 @@ class Updater:
             self._fused_apply(self._prepared(grads_and_vars), finite)
             return
 
-        def apply():
-            self._apply(grads_and_vars)
+        def apply(gradients, variables):
+            self._apply(list(zip(gradients, variables)))
             self.precision.on_applied()
 
+        gradients = [g for g, _ in grads_and_vars]
+        variables = [v for _, v in grads_and_vars]
         if replicas.needs_merge_call():
-            def apply_on_replica(gradients, variables):
-                self._apply(list(zip(gradients, variables)))
-                self.precision.on_applied()
-
+            # Each replica's gradients travel as arguments, not in a closure.
             replicas.cond_across_replicas(
-                finite, apply_on_replica, self.precision.on_skipped,
-                ([tf.convert_to_tensor(g) for g, _ in grads_and_vars],
-                 [v for _, v in grads_and_vars]))
+                finite, apply, self.precision.on_skipped,
+                ([tf.convert_to_tensor(g) for g in gradients], variables))
             return
         # A skip lowers a loss scale; for float32 the precision's skip is a no-op.
-        tf.cond(finite, apply, self.precision.on_skipped)
+        tf.cond(finite, lambda: apply(gradients, variables), self.precision.on_skipped)
 
     def _prepared(self, grads_and_vars):
         """Clipping, then the gradient hooks: what the optimizer is given."""
@@ -488,8 +486,8 @@ def replicate(step_fn, strategy, *, run_eagerly, finish=None):
     return tf.function(run, autograph=False, reduce_retracing=True)
 
 
-def reduce_train_outputs(strategy, *, with_extra):
-    """`finish` for `replicate`: a train step's batch size summed over the replicas.
+def reduce_step_outputs(strategy, *, with_extra):
+    """`finish` for `replicate`: a step's batch size summed over the replicas.
 
     With `with_extra`, the step returns (batch size, captured tensors); the
     captures kept are the first replica's (on one device, the only one).
@@ -506,9 +504,14 @@ def reduce_train_outputs(strategy, *, with_extra):
     return finish
 
 
-def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
+def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=None,
               should_continue=None, last_step=None):
-    """Layers 2 and 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
+    """Layer 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
+
+    `one_step(batch)` is layer 2 (`replicate`): the step on every replica,
+    returning the batch size summed over them (with `on_outputs`: and the
+    step's extra outputs). `replicated`: the strategy synchronises replicas
+    (the loop then has another shape: `replicated_steps`).
 
     Runs up to `num_steps` steps, fewer when the data ends. `results()`
     returns the dict of metric tensors read once at the end of the call: the
@@ -522,11 +525,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
     `one_step` (the monitored variant of the step: `monitor_every`), after
     the loop, so no step pays a branch for it.
     """
-    strategy = strategy or tf.distribute.get_strategy()
     keep_last = should_continue is not None
-    finish = reduce_train_outputs(strategy, with_extra=on_outputs is not None)
-    on_replicas = {id(fn): replicate(fn, strategy, run_eagerly=run_eagerly, finish=finish)
-                   for fn in (one_step, last_step) if fn is not None}
 
     def draw_and_run(step_fn, iterator, steps, samples):
         """Draws a batch; runs `step_fn` on it if there was one."""
@@ -534,7 +533,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
         kept = (optional,) if keep_last else ()
 
         def run():
-            batch = on_replicas[id(step_fn)](optional.get_value())
+            batch = step_fn(optional.get_value())
             if on_outputs is not None:
                 batch, extra = batch
                 on_outputs(extra)
@@ -595,7 +594,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
             return tf.logical_and(steps < limit, current.has_value())
 
         def body(steps, samples, current, last):
-            batch = on_replicas[id(step_fn)](current.get_value())
+            batch = step_fn(current.get_value())
             if on_outputs is not None:
                 batch, extra = batch
                 on_outputs(extra)
@@ -617,7 +616,7 @@ def make_loop(one_step, results, *, run_eagerly, strategy=None, on_outputs=None,
         steps, samples, last = carried
         return (steps, samples, results(), *((last,) if keep_last else ()))
 
-    chosen = replicated_loop if replicas.is_replicated(strategy) else loop
+    chosen = replicated_loop if replicated else loop
     if run_eagerly:
         return chosen
     # Explicit control flow instead of AutoGraph: see `compile_step`.

@@ -1048,7 +1048,7 @@ class Trainer:
         start = time.perf_counter()
 
         def one_step(mode):
-            return self._split_capture(self._replicated_step(mode)(batch))
+            return self._split_capture(self._replicated_step("train", mode)(batch))
 
         with guards.inside_step():
             try:
@@ -1643,13 +1643,17 @@ class Trainer:
                 run_eagerly=self.run_eagerly or replicas.is_replicated(self._strategy))
         return self._loops[key]
 
-    def _replicated_step(self, jit):
-        """The train step on one batch, run on every replica, the batch size summed."""
-        key = ("train_step_replicated", jit)
+    def _replicated_step(self, kind, jit, monitored=False):
+        """A step on one batch, run on every replica, the batch size summed (`step.replicate`).
+
+        One per mode: the first step of a tuning call and the loops share it,
+        so a replicated step is traced once.
+        """
+        key = (kind + "_step_replicated", jit, monitored)
         if key not in self._loops:
-            finish = step.reduce_train_outputs(self._strategy,
-                                               with_extra=self._capture is not None)
-            self._loops[key] = step.replicate(self._step("train", jit), self._strategy,
+            finish = step.reduce_step_outputs(
+                self._strategy, with_extra=kind == "train" and self._capture is not None)
+            self._loops[key] = step.replicate(self._step(kind, jit, monitored), self._strategy,
                                               run_eagerly=self.run_eagerly, finish=finish)
         return self._loops[key]
 
@@ -1704,12 +1708,14 @@ class Trainer:
             capture = kind == "train" and self._capture is not None
             halts = kind == "train" and self.on_nonfinite == "raise"
             self._loops[key] = step.make_loop(
-                self._step(kind, jit),
+                self._replicated_step(kind, jit),
                 self._train_results if kind == "train" else self._results,
-                run_eagerly=self.run_eagerly, strategy=self._strategy,
+                run_eagerly=self.run_eagerly,
+                replicated=replicas.is_replicated(self._strategy),
                 on_outputs=self._record_capture if capture else None,
                 should_continue=self._guard.should_continue if halts else None,
-                last_step=self._step(kind, jit, monitored=True) if monitored else None)
+                last_step=(self._replicated_step(kind, jit, monitored=True) if monitored
+                           else None))
         return self._loops[key]
 
     def _iterate(self, dataset):

@@ -5,6 +5,9 @@ tests run in fresh processes (tests/distribute).
 """
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -186,3 +189,29 @@ def test_a_pipeline_of_too_few_files_is_sharded_by_data_or_refused(tmp_path):
     arrays = tf.data.Dataset.from_tensor_slices(np.zeros((4, 2))).batch(2)
     for dataset, workers in ((two_files, 2), (one_file, 1), (arrays, 2)):
         assert distribute.shardable(dataset, workers) is dataset
+
+
+LATE_MULTI_WORKER = textwrap.dedent("""
+    import json, os
+    from tapeworks.launch import free_ports
+    ports = free_ports(2)
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+        "task": {"type": "worker", "index": 0}})
+    import tensorflow as tf
+    tf.constant(1.0) + 1.0   # TensorFlow has run something: too late for collectives
+    import tapeworks
+    try:
+        tapeworks.distribute.choose()
+    except tapeworks.ConfigError as error:
+        print("REFUSED:", error)
+""")
+
+
+@pytest.mark.multiprocess
+def test_a_multi_worker_strategy_chosen_too_late_says_to_create_it_first():
+    result = subprocess.run([sys.executable, "-c", LATE_MULTI_WORKER], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "REFUSED: TF_CONFIG names a cluster of 2 workers" in result.stdout
+    assert "Fix: call `strategy = tapeworks.distribute.strategy()` at the top" in result.stdout
