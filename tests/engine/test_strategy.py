@@ -132,6 +132,29 @@ def test_global_batch_size_splits_evenly_or_is_refused():
     assert trainer.per_replica_batch_size == 16
 
 
+class _FourReplicas:
+    """Only the replica count `per_replica_batch_size` reads (this machine has no 4 devices)."""
+
+    num_replicas_in_sync = 4
+
+
+def test_a_global_batch_that_does_not_split_evenly_names_the_sizes_that_would():
+    assert distribute.per_replica_batch_size(32, _FourReplicas()) == 8
+    with pytest.raises(tapeworks.ConfigError, match=r"global batch of 30 .* does not split "
+                       r"evenly over 4 replicas\. Expected a multiple of 4\. Fix: use 28 or 32"):
+        distribute.per_replica_batch_size(30, _FourReplicas())
+
+
+def test_bad_distribution_arguments_are_refused():
+    with pytest.raises(tapeworks.ConfigError, match=r"`strategy` must be a "
+                       r"tf.distribute.Strategy. Received: str"):
+        tapeworks.Trainer(models.sequential(), "sgd", "mse", strategy="mirrored")
+    with pytest.raises(tapeworks.ConfigError, match=r"`sync_batchnorm` must be True or False"):
+        tapeworks.Trainer(models.sequential(), "sgd", "mse", sync_batchnorm="yes")
+    with pytest.raises(tapeworks.ConfigError, match=r"`base_batch_size` must be an integer"):
+        distribute.linear_scaling(0.1, 0, 512)
+
+
 def test_linear_scaling_rule_with_warmup():
     schedule = distribute.linear_scaling(0.1, base_batch_size=256, global_batch_size=1024,
                                          warmup_steps=4)
