@@ -145,7 +145,7 @@ def test_distribute_bench_quick_times_every_approach(tmp_path):
                        str(tmp_path))
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "distribute.json").read_text())
-    assert len(report["rows"]) == 4   # quick: the small MLP, tapeworks' 4 ways
+    assert len(report["rows"]) == 5   # quick: the small MLP, tapeworks' 5 ways
     for row in report["rows"]:
         # A difference of two timings: noisy on a quick run (it may even dip
         # below 0 there), so only its presence is checked.
