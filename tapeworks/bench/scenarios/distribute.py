@@ -199,6 +199,8 @@ def run(quick=False, repeats=3):
                          "vs_no_strategy": ratio, "overhead_ms": overhead * 1e3,
                          "allreduced_kib": (0 if "no strategy" in approach
                                             else gradient_bytes / 1024)})
+            if approach == PAIRED:
+                rows[-1]["ratios"] = [r for _, r in paired]   # each process's own
     return {
         "scenario": "distribute",
         "description": DESCRIPTION,
