@@ -159,6 +159,17 @@ def in_memory(graph):
         node.op in NOTHING_TO_TUNE for node in chain[1:])
 
 
+def replays_identically(graph):
+    """True when every new iterator of the pipeline yields the same batches in the same order.
+
+    A pipeline in memory (`in_memory`) without a shuffle: nothing in it is
+    random, so the batches a call drew can be drawn again from a new
+    iterator (the non-finite guard's replay, `engine.rollback`).
+    """
+    chain = _chain({n.name: n for n in graph.node})
+    return in_memory(graph) and not any(node.op in SHUFFLES for node in chain)
+
+
 # Datasets that only carry options or bookkeeping: not steps of the pipeline.
 BOOKKEEPING = {"OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
                "PrivateThreadPoolDataset", "AssertCardinalityDataset", "ThreadPoolDataset"}

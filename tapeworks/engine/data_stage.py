@@ -38,7 +38,8 @@ class DataStage:
         self.seed = seed
         self.check_pipelines = check_pipelines
         self.findings = []   # the findings on the last dataset read
-        # user dataset -> (findings, train it without tf.data's autotuning model?)
+        # user dataset -> (findings, train it without tf.data's autotuning model?,
+        # does every new iterator yield the same batches?)
         self._read = weakref.WeakKeyDictionary()
 
     def for_fit(self, x, y, sample_weight, *, batch_size, shuffle, class_weight,
@@ -82,6 +83,9 @@ class DataStage:
                 # Sliced from memory, tf.data's model now off: nothing left to choose.
                 prepared.parallelism = None
             prepared.dataset = read
+            if self._read.get(x, (None, None, False))[2]:
+                # Nothing random in it: a new iterator draws the same batches.
+                prepared.rebuild = lambda: read
         self._check(prepared, findings, needs_targets=purpose != "predict")
         return prepared
 
@@ -115,12 +119,13 @@ class DataStage:
             except (tf.errors.OpError, NotImplementedError) as error:
                 # A pipeline tf.data cannot serialize (some stateful sources): say so, go on.
                 logger.info("the data pipeline could not be checked (%s)", error)
-                self._read[user_dataset] = ([], False)
+                self._read[user_dataset] = ([], False, False)
                 return dataset, []
             findings = pipeline_check.check_graph(graph, training=training)
             in_memory = pipeline_check.in_memory(graph)
             untuned = in_memory and user_dataset.options().autotune.enabled is None
-            self._read[user_dataset] = (findings, untuned)
+            self._read[user_dataset] = (findings, untuned,
+                                        pipeline_check.replays_identically(graph))
             for finding in findings:
                 if finding.category == "performance" and in_memory:
                     # Slicing tensors held in memory costs microseconds a batch:
@@ -130,7 +135,7 @@ class DataStage:
             if untuned:
                 logger.info("the data is sliced from memory; tf.data's autotuning model is "
                             "off for it (nothing to tune)")
-        findings, untuned = self._read[user_dataset]
+        findings, untuned, _ = self._read[user_dataset]
         self.findings = findings
         return (without_autotuning(dataset) if untuned else dataset), findings
 

@@ -26,6 +26,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+import os
 import types
 
 import keras
@@ -59,6 +60,10 @@ class PreparedData:
         parallelism: for a pipeline `tapeworks.data.pipeline` built, the ways
             it can run [(name, dataset)], for the Trainer to choose from by
             measurement (`input_planner`); None for other data.
+        rebuild: for array inputs, a function that builds `dataset` anew:
+            the same batches, and over its passes the same orders (its
+            shuffle has an explicit seed), from fresh state. None for other
+            data, whose batches cannot be read again.
     """
 
     dataset: tf.data.Dataset
@@ -69,6 +74,7 @@ class PreparedData:
     name: str = "x"
     batch_size: int = None
     parallelism: list = None
+    rebuild: object = None
     _adapter: object = None
 
     def on_epoch_begin(self):
@@ -161,6 +167,9 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
     if steps is not None:
         prepared.dataset = prepared.dataset.take(steps)
         prepared.steps = min(steps, prepared.steps) if prepared.steps else steps
+        if prepared.rebuild is not None:
+            rebuild = prepared.rebuild
+            prepared.rebuild = lambda: rebuild().take(steps)
     if purpose == "fit" and is_built(x):
         # The stages after the built pipeline are tapeworks' own (a class-weight
         # map, a take), which set no options: the choice may cover them too.
@@ -300,6 +309,31 @@ class EpochBatches:
     def consumed(self, batches):
         self._used += batches
 
+    @property
+    def replayable(self):
+        """Whether the batches drawn can be drawn again (`replay`)."""
+        return self.prepared.rebuild is not None and self.input_planner is None
+
+    def replay(self):
+        """The current pass again, from the data rebuilt, after the batches drawn before now.
+
+        The data is built anew (`PreparedData.rebuild`) and the passes before
+        are started and dropped unread, as a resumed run does (`resume`), so
+        the iterator returned yields this pass's next batch and those after
+        it, in the same order. It replaces the pass's iterator (`adopt`).
+        """
+        dataset = self.prepared.rebuild()
+        for _ in range(self.passes - 1):
+            self.make_iterator(dataset)
+        iterator = self.make_iterator(dataset)
+        for _ in range(self._used):
+            iterator.get_next()
+        return iterator
+
+    def adopt(self, iterator):
+        """Goes on with `iterator` (from `replay`) in place of the pass's own."""
+        self._iterator = iterator
+
 
 def batch_size_of(x):
     """The (dynamic) number of samples in a batch whose inputs are `x`."""
@@ -352,19 +386,40 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
         element = (x,)   # (x,): a tuple x of several inputs stays one x
     else:
         element = tuple(v for v in arrays if v is not None) if y is not None else (x,)
-    dataset = tf.data.Dataset.from_tensor_slices(element)
-    if shuffle is True:
-        # Reshuffled every epoch; a fixed seed makes the sequence repeat.
-        dataset = dataset.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(batch_size)
-    if shuffle == "batch":
-        dataset = dataset.shuffle(math.ceil(num_samples / batch_size), seed=seed,
-                                  reshuffle_each_iteration=True)
-    # In memory: nothing for tf.data's autotuning model to tune, and it
-    # slows compute-bound steps on small CPU machines (see the function).
-    dataset = without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
-    return PreparedData(dataset, ARRAYS, math.ceil(num_samples / batch_size), arrays=arrays,
-                        name=name, batch_size=min(batch_size, num_samples))
+    if shuffle and seed is None:
+        seed = _shuffle_seed()
+
+    def build():
+        dataset = tf.data.Dataset.from_tensor_slices(element)
+        if shuffle is True:
+            # Reshuffled every epoch; a fixed seed makes the sequence repeat.
+            dataset = dataset.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.batch(batch_size)
+        if shuffle == "batch":
+            dataset = dataset.shuffle(math.ceil(num_samples / batch_size), seed=seed,
+                                      reshuffle_each_iteration=True)
+        # In memory: nothing for tf.data's autotuning model to tune, and it
+        # slows compute-bound steps on small CPU machines (see the function).
+        return without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
+
+    return PreparedData(build(), ARRAYS, math.ceil(num_samples / batch_size), arrays=arrays,
+                        name=name, batch_size=min(batch_size, num_samples), rebuild=build)
+
+
+def _shuffle_seed():
+    """The seed tf.data's shuffle would draw for itself, drawn here to be kept.
+
+    With a seed of its own a shuffle can be built again in the same order
+    (`PreparedData.rebuild`). Under a global seed (`tf.random.set_seed`,
+    `keras.utils.set_random_seed`) this is the very seed the shuffle would
+    have drawn: TensorFlow's operation-seed counter advances once, as it
+    would for the shuffle, and `get_seed` pairs the global seed with it
+    either way. Without one, a random seed, as the shuffle's own would be.
+    """
+    global_seed, op_seed = tf.compat.v1.get_seed(None)
+    if global_seed is None:
+        return int.from_bytes(os.urandom(4), "little") % 2 ** 31
+    return op_seed
 
 
 def _length(value):

@@ -17,6 +17,11 @@ the loss is checked there. What happens to a non-finite step is the policy:
 - "warn": the update is applied as computed, counted, and a warning says so;
 - None: no check.
 
+Where the data can be drawn again and the step is small, the Trainer takes a
+fast path with the same outcome (`rollback`): no guard in the steps, one
+check of the whole call, and a bad call rolled back and replayed with the
+guarded step.
+
 On the host (`localise`): the offending batch is re-run eagerly, each layer's
 output recorded in call order (a hook on every layer's `call`, so Sequential,
 Functional and subclassed models alike), then its gradients; the first

@@ -505,7 +505,7 @@ def reduce_step_outputs(strategy, *, with_extra):
 
 
 def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=None,
-              should_continue=None, last_step=None):
+              should_continue=None, last_step=None, rollback=None):
     """Layer 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
 
     `one_step(batch)` is layer 2 (`replicate`): the step on every replica,
@@ -523,9 +523,14 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
     as a loop variable: no copy, no branch), for the host to look at. With
     `last_step`, the call's last step runs that step function instead of
     `one_step` (the monitored variant of the step: `monitor_every`), after
-    the loop, so no step pays a branch for it.
+    the loop, so no step pays a branch for it. With `rollback`
+    (`rollback.CallSnapshot`, one device only), the call first copies the
+    variables a step changes and returns, last, whether they are all finite
+    after it (the non-finite guard's fast path).
     """
     keep_last = should_continue is not None
+    if rollback is not None and replicated:
+        raise ValueError("rollback is for one device")
 
     def draw_and_run(step_fn, iterator, steps, samples):
         """Draws a batch; runs `step_fn` on it if there was one."""
@@ -560,6 +565,10 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
         start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
         if keep_last:
             start += (tf.experimental.Optional.empty(iterator.element_spec),)
+        if rollback is not None:
+            # Ordered before the loop's first read of the same variables by
+            # tf.function's automatic control dependencies.
+            rollback.take()
         carried = tf.while_loop(go_on, body, start)
         if last_step is not None:
             steps, samples, exhausted, *last = carried
@@ -567,6 +576,8 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
                               lambda: draw_and_run(last_step, iterator, steps, samples),
                               lambda: tuple(carried))
         steps, samples, _, *last = carried
+        if rollback is not None:
+            return (steps, samples, results(), rollback.intact())
         return (steps, samples, results(), *last)
 
     def replicated_steps(step_fn, iterator, limit, steps, samples, last):

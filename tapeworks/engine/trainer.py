@@ -32,6 +32,7 @@ from tapeworks.engine import nonfinite as nonfinite_lib
 from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import plan_cache as plan_cache_lib
+from tapeworks.engine import rollback
 from tapeworks.engine import replicas, retracing
 from tapeworks.engine import run_checkpoint
 from tapeworks.engine import precision as precision_lib
@@ -101,6 +102,10 @@ class Trainer:
             logs); "warn" applies them and warns; None checks nothing. With
             Keras' `TerminateOnNaN` among the callbacks, "raise" stops
             training as that callback does (the message becomes a warning).
+            On data that can be drawn again (arrays; an in-memory pipeline
+            without a shuffle) and a small model, "raise" and "skip" check
+            each call of several steps as a whole, and replay a bad call
+            step by step: the same outcome at a fraction of the cost.
         nonfinite_dir: where "raise" saves the offending batch (default: the
             temporary folder's `tapeworks/`).
         fine_tune_in_inference_mode: say that training the variables of a
@@ -259,6 +264,10 @@ class Trainer:
         self.on_nonfinite = nonfinite_lib.check_policy(on_nonfinite)
         self.nonfinite_dir = nonfinite_dir
         self._guard = None            # the NonFiniteGuard, created in _build
+        # The guard's fast path (`rollback`): the snapshot, made at its first
+        # use, and why the path is off for this trainer (None while it is on).
+        self._snapshot = None
+        self._fast_guard_off = None
         self._stop_on_nonfinite = False  # TerminateOnNaN given: stop instead of raising
         self._nonfinite_warned = 0
         self.retraces = []   # the user's tf.functions that retraced in the last fit
@@ -818,7 +827,8 @@ class Trainer:
             callback_list.on_train_batch_begin(steps_done)
             try:
                 ran, samples, call_logs, seconds = self._run_train_call(
-                    probe, iterator, num_steps, steps_done, monitored=monitored)
+                    probe, iterator, num_steps, steps_done, monitored=monitored,
+                    batches=batches)
             except tf.errors.DataLossError as error:
                 # tf.data names neither the file nor the record: find them.
                 raise sources.corruption_error(batches.prepared.dataset, error) from error
@@ -866,21 +876,126 @@ class Trainer:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
         return steps_done, samples_done, logs
 
-    def _run_train_call(self, probe, iterator, num_steps, steps_done=0, monitored=False):
+    def _run_train_call(self, probe, iterator, num_steps, steps_done=0, monitored=False,
+                        batches=None):
         if probe.first:
             return self._run_first_step(probe.jit, iterator, steps_done)
-        loop = self._loop("train", probe.jit, monitored)
+        fast = self._fast_guard(probe.jit, batches)
+        loop = self._loop("train", probe.jit, monitored, fast)
         start = time.perf_counter()
         with guards.inside_step():
             ran, samples, logs, *last = loop(iterator, tf.constant(num_steps, tf.int64))
         # Reading the results is the call's one host sync.
         ran, samples = int(ran), int(samples)
         seconds = time.perf_counter() - start
+        if fast:
+            if not self._snapshot.confirmed:
+                self._check_snapshot_complete()
+            if not bool(last[0]):
+                ran, samples, logs = self._replay_call(probe.jit, batches, ran, steps_done,
+                                                       monitored)
+                return ran, samples, callback_bridge.python_logs(logs), \
+                    time.perf_counter() - start
+            return ran, samples, callback_bridge.python_logs(logs), seconds
         if last and self._guard.halted:
             self._nonfinite_stop(self._local_batch(last[0].get_value()),
                                  steps_done + ran - 1)
         self._warn_nonfinite()
         return ran, samples, callback_bridge.python_logs(logs), seconds
+
+    def _fast_guard(self, jit, batches):
+        """Whether this call takes the non-finite guard's fast path (`rollback`).
+
+        Only where the per-step branch is what costs: tf.function steps (in
+        an XLA step or update the branch is XLA's, and cheap) on one device,
+        with "raise" or "skip", data that can be replayed (arrays), no loss
+        scale (its own verdict withholds overflowed steps), no captures, and
+        a state small enough to copy once a call.
+        """
+        if (self._fast_guard_off or jit is not False or self.run_eagerly
+                or self._guard is None or not self._guard.blocks_update
+                or replicas.is_replicated(self._strategy) or self._capture is not None
+                or self.precision.checks_finite or batches is None
+                or not batches.replayable):
+            return False
+        if self._snapshot is None:
+            variables = self._mutable_variables()
+            if not rollback.fits(variables):
+                self._fast_guard_off = "the state is too large to copy once a call"
+                return False
+            self._snapshot = rollback.CallSnapshot(variables)
+        return True
+
+    def _check_snapshot_complete(self):
+        """After a fast call: a variable the first trace created is not in the snapshot.
+
+        `_setup` creates every variable before training; a model that makes
+        one during its first step (a layer built lazily in `call`) would be
+        left out of the copies, so the path is turned off for it.
+        """
+        self._snapshot.confirmed = True
+        if len(self._mutable_variables()) != len(self._snapshot.variables):
+            self._fast_guard_off = "variables were created during the first step"
+
+    def _replay_call(self, jit, batches, ran, steps_done, monitored=False):
+        """A fast call ended with a non-finite variable: replays it with the guarded step.
+
+        Every variable goes back to the call's start, and the call's batches
+        are drawn again from the rebuilt data (`EpochBatches.replay`), which
+        then stands in for the pass's iterator. The guarded step withholds
+        the bad step's update: "raise" stops there and localises, "skip"
+        goes on, as if the call had been guarded from the start.
+        """
+        self._snapshot.restore()
+        iterator = batches.replay()
+        batches.adopt(iterator)
+        bad_before = int(self._guard.count.numpy())
+        loop = self._loop("train", jit, monitored)
+        with guards.inside_step():
+            ran, samples, logs, *last = loop(iterator, tf.constant(ran, tf.int64))
+        ran, samples = int(ran), int(samples)
+        if last and self._guard.halted:
+            self._nonfinite_stop(self._local_batch(last[0].get_value()),
+                                 steps_done + ran - 1)
+        elif int(self._guard.count.numpy()) == bad_before:
+            # No step was bad: something else held a NaN or Inf (a value
+            # set before the call, a metric of its own). The check of the
+            # whole call cannot tell bad steps here: guard every step.
+            self._fast_guard_off = ("a call ended with a non-finite variable that no step "
+                                    "made non-finite")
+            logger.info("tapeworks: the non-finite check goes step by step from here: %s",
+                        self._fast_guard_off)
+        self._warn_nonfinite()
+        return ran, samples, logs
+
+    def _mutable_variables(self):
+        """Every variable a training step can change: what the fast path's snapshot copies."""
+        found = {}
+
+        def add(variables):
+            for variable in variables:
+                found.setdefault(id(variable), variable)
+
+        for model in self.task.models:
+            add(model.variables)           # weights, and SeedGenerator states
+            add(model.metrics_variables)
+        for update in self.task.updates:
+            add(update.optimizer.variables)
+            if isinstance(update.loss, tf.Module):
+                add(update.loss.variables)  # a weighting's own state
+        parts = [self.counters, self.precision, *self.states, self._guard, *self._dead,
+                 *self._monitors]
+        if self.pruning is not None:
+            parts.append(self.pruning)
+        for part in parts:
+            add(part.variables)
+        for tracker in self._trackers.values():
+            add(tracker.variables)
+        for value in vars(self.task).values():
+            if isinstance(value, keras.metrics.Metric):
+                add(value.variables)
+        add([self.task.random.state])
+        return list(found.values())
 
     def _local_batch(self, batch):
         """A batch as drawn from `_iterate`, as one batch: this worker's replicas' shares joined."""
@@ -997,8 +1112,9 @@ class Trainer:
         for monitor in self._monitors:
             monitor.keep_gradients()
         # A monitored step traced before has no buffers to write: trace it again.
-        for key in [k for k in self._loops if isinstance(k, tuple) and k[-1] is True
-                    and k[0] in ("train", "train_step", "updaters")]:
+        # Their keys: (kind, mode, monitored, ...).
+        for key in [k for k in self._loops if isinstance(k, tuple) and k[2:3] == (True,)
+                    and k[0] in ("train", "train_step", "train_step_replicated", "updaters")]:
             del self._loops[key]
 
     @property
@@ -1625,13 +1741,14 @@ class Trainer:
                                           [u.optimizer for u in self.task.updates])
             self._built = True
 
-    def _step(self, kind, jit, monitored=False):
+    def _step(self, kind, jit, monitored=False, guarded=True):
         """One compiled step ("train" or "test"), cached per execution mode."""
-        key = (kind + "_step", jit, monitored)
+        key = (kind + "_step", jit, monitored, guarded)
         if key not in self._loops:
             if kind == "train":
                 one = self._watch_inference_calls(step.make_train_step(
-                    self.task, self._trackers, self._updaters(jit, monitored), self.precision,
+                    self.task, self._trackers, self._updaters(jit, monitored, guarded),
+                    self.precision,
                     self.counters, hooks=self.hooks, capture=self._capture is not None))
             else:
                 one = step.make_test_step(self.task, self._trackers)
@@ -1643,17 +1760,18 @@ class Trainer:
                 run_eagerly=self.run_eagerly or replicas.is_replicated(self._strategy))
         return self._loops[key]
 
-    def _replicated_step(self, kind, jit, monitored=False):
+    def _replicated_step(self, kind, jit, monitored=False, guarded=True):
         """A step on one batch, run on every replica, the batch size summed (`step.replicate`).
 
         One per mode: the first step of a tuning call and the loops share it,
         so a replicated step is traced once.
         """
-        key = (kind + "_step_replicated", jit, monitored)
+        key = (kind + "_step_replicated", jit, monitored, guarded)
         if key not in self._loops:
             finish = step.reduce_step_outputs(
                 self._strategy, with_extra=kind == "train" and self._capture is not None)
-            self._loops[key] = step.replicate(self._step(kind, jit, monitored), self._strategy,
+            self._loops[key] = step.replicate(self._step(kind, jit, monitored, guarded),
+                                              self._strategy,
                                               run_eagerly=self.run_eagerly, finish=finish)
         return self._loops[key]
 
@@ -1680,12 +1798,14 @@ class Trainer:
 
         return watched
 
-    def _updaters(self, mode, monitored=False):
+    def _updaters(self, mode, monitored=False, guarded=True):
         """One Updater per update for an execution mode; modes share state and precision.
 
         `monitored`: the updaters of the monitored step (`monitor_every`).
+        `guarded=False`: without the non-finite guard (the fast path checks
+        whole calls instead: `rollback`).
         """
-        key = ("updaters", mode, monitored)
+        key = ("updaters", mode, monitored, guarded)
         if key not in self._loops:
             self._loops[key] = [
                 step.Updater(update.optimizer, self.precision, state, update.variables(),
@@ -1694,27 +1814,33 @@ class Trainer:
                              hooks=(self.hooks if self.pruning is None
                                     else step.ChainedHooks(self.hooks, self.pruning)),
                              fuse_update=mode == "update" and not self.run_eagerly,
-                             guard=self._guard,
+                             guard=self._guard if guarded else None,
                              dead=self._dead[index] if self._dead else None,
                              xla_step=mode is True and not self.run_eagerly,
                              monitor=self._monitors[index] if monitored else None)
                 for index, (update, state) in enumerate(zip(self.task.updates, self.states))]
         return self._loops[key]
 
-    def _loop(self, kind, jit, monitored=False):
-        """N steps per call over an iterator, cached per execution mode."""
-        key = (kind, jit, monitored)
+    def _loop(self, kind, jit, monitored=False, fast=False):
+        """N steps per call over an iterator, cached per execution mode.
+
+        `fast`: the non-finite guard's fast path (`rollback`): unguarded
+        steps between a snapshot and a check of the whole call.
+        """
+        key = (kind, jit, monitored, fast)
         if key not in self._loops:
             capture = kind == "train" and self._capture is not None
-            halts = kind == "train" and self.on_nonfinite == "raise"
+            halts = kind == "train" and self.on_nonfinite == "raise" and not fast
             self._loops[key] = step.make_loop(
-                self._replicated_step(kind, jit),
+                self._replicated_step(kind, jit, guarded=not fast),
                 self._train_results if kind == "train" else self._results,
                 run_eagerly=self.run_eagerly,
                 replicated=replicas.is_replicated(self._strategy),
                 on_outputs=self._record_capture if capture else None,
                 should_continue=self._guard.should_continue if halts else None,
-                last_step=(self._replicated_step(kind, jit, monitored=True) if monitored
+                rollback=self._snapshot if fast else None,
+                last_step=(self._replicated_step(kind, jit, monitored=True, guarded=not fast)
+                           if monitored
                            else None))
         return self._loops[key]
 

@@ -1,0 +1,219 @@
+"""The non-finite guard's fast path: whole calls checked, rolled back and replayed when bad.
+
+Each behaviour is compared with the same trainer whose fast path is off (a
+guard on every step, as before the path existed): the weights, the history
+and the error must be the same, bit for bit.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tapeworks import NonFiniteError, Trainer
+from tapeworks.data import pipeline_check
+from tapeworks.engine import inputs, rollback
+
+BATCH = 4
+
+
+def _data(bad_sample=21):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(40, 3)).astype("float32")
+    y = rng.normal(size=(40, 1)).astype("float32")
+    if bad_sample is not None:
+        x[bad_sample, 1] = np.nan
+    return x, y
+
+
+def _fit(data, *, fast, policy="raise", epochs=3, shuffle=True, layers=None, **options):
+    """Trains a small model with dropout; returns (weights, trainer, history or error text)."""
+    keras.utils.set_random_seed(0)
+    # Named layers: the monitor's logs carry the names.
+    model = keras.Sequential([keras.Input((3,)), *(layers or []),
+                              keras.layers.Dense(8, activation="relu", name="hidden"),
+                              keras.layers.Dropout(0.25), keras.layers.Dense(1, name="out")])
+    trainer = Trainer(model, keras.optimizers.Adam(0.01), "mse", jit_compile=False,
+                      steps_per_call=3, plan_cache=False, on_nonfinite=policy, **options)
+    if not fast:
+        trainer._fast_guard_off = "off for the comparison"
+    try:
+        if isinstance(data, tf.data.Dataset):
+            outcome = trainer.fit(data, epochs=epochs, verbose=0).history
+        else:
+            outcome = trainer.fit(*data, batch_size=BATCH, epochs=epochs, shuffle=shuffle,
+                                  verbose=0).history
+    except NonFiniteError as error:
+        # The saved batch's file name holds the time: the rest must match.
+        outcome = str(error).replace(error.report.batch_file, "<batch file>")
+    return [w.copy() for w in model.get_weights()], trainer, outcome
+
+
+def _same(a, b):
+    weights_a, trainer_a, outcome_a = a
+    weights_b, trainer_b, outcome_b = b
+    np.testing.assert_equal(outcome_a, outcome_b)   # a NaN equals a NaN here
+    for got, want in zip(weights_a, weights_b):
+        np.testing.assert_array_equal(got, want)
+    assert int(trainer_a.counters.step.numpy()) == int(trainer_b.counters.step.numpy())
+    assert int(trainer_a.optimizer.iterations) == int(trainer_b.optimizer.iterations)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+@pytest.mark.parametrize("source", ["shuffled arrays", "arrays in order", "dataset"])
+def test_the_fast_path_gives_what_a_guard_on_every_step_gives(policy, source):
+    x, y = _data()
+    if source == "dataset":
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    else:
+        data = (x, y)
+    shuffle = source == "shuffled arrays"
+    fast = _fit(data, fast=True, policy=policy, shuffle=shuffle)
+    guarded = _fit(data, fast=False, policy=policy, shuffle=shuffle)
+    assert fast[1]._snapshot is not None and fast[1]._fast_guard_off is None
+    assert guarded[1]._snapshot is None
+    _same(fast, guarded)
+    if policy == "raise":
+        assert "step " in fast[2] and "bad data" in fast[2]
+    else:
+        assert fast[2]["nonfinite_steps"] == [1.0, 2.0, 3.0]   # the bad batch, each epoch
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_monitored_calls_take_the_fast_path_too(policy):
+    # monitor_every=3 with 3 steps per call: every call ends in a monitored step.
+    data = _data()
+    fast = _fit(data, fast=True, policy=policy, monitor_every=3)
+    guarded = _fit(data, fast=False, policy=policy, monitor_every=3)
+    assert fast[1]._snapshot is not None and fast[1]._fast_guard_off is None
+    _same(fast, guarded)
+    assert fast[1].monitor_history
+    np.testing.assert_equal(fast[1].monitor_history, guarded[1].monitor_history)
+
+
+def test_healthy_training_on_the_fast_path_is_unchanged():
+    data = _data(bad_sample=None)
+    fast = _fit(data, fast=True)
+    _same(fast, _fit(data, fast=False))
+    assert fast[1].traces["train_step"] == 1   # no replay: the guarded step never traced
+
+
+def test_a_shuffled_pipeline_is_guarded_step_by_step():
+    # A new iterator of a shuffled pipeline draws another order: it cannot
+    # replay a call, so every step keeps its guard.
+    x, y = _data()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(40, seed=1).batch(BATCH)
+    _, trainer, outcome = _fit(data, fast=True)
+    assert trainer._snapshot is None and "bad data" in outcome
+
+
+def test_xla_and_eager_steps_keep_their_own_guard():
+    for options in (dict(jit_compile="update"), dict(run_eagerly=True)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        trainer = Trainer(model, "sgd", "mse", steps_per_call=2, plan_cache=False,
+                          **options)
+        with pytest.raises(NonFiniteError):
+            trainer.fit(*_data(), batch_size=BATCH, shuffle=False, verbose=0)
+        assert trainer._snapshot is None
+
+
+class NotFiniteAside(keras.layers.Layer):
+    """Passes its input through; holds a NaN in a weight no step reads or changes."""
+
+    def build(self, shape):
+        self.aside = self.add_weight(shape=(), initializer="zeros", trainable=False)
+        self.aside.assign(float("nan"))
+
+    def call(self, x):
+        return x
+
+
+def test_a_value_non_finite_before_the_call_is_not_the_calls_doing():
+    data = _data(bad_sample=None)
+    fast = _fit(data, fast=True, layers=[NotFiniteAside()])
+    assert fast[1]._fast_guard_off is None and fast[1].traces["train_step"] == 1
+    _same(fast, _fit(data, fast=False, layers=[NotFiniteAside()]))
+
+
+class LogOfPrediction(keras.metrics.Mean):
+    """A metric that turns NaN on its own (the log of a negative prediction)."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        super().update_state(tf.math.log(y_pred))
+
+
+def test_a_nan_no_step_made_turns_the_fast_path_off_and_trains_as_guarded():
+    # The loss and gradients stay finite; the metric does not: the replay
+    # finds no bad step, so the check goes step by step from then on.
+    data = _data(bad_sample=None)
+
+    def fit(fast):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), "mse", metrics=[LogOfPrediction()])
+        trainer = Trainer(model, jit_compile=False, steps_per_call=3, plan_cache=False)
+        if not fast:
+            trainer._fast_guard_off = "off for the comparison"
+        history = trainer.fit(*data, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        return [w.copy() for w in model.get_weights()], trainer, history.history
+
+    fast = fit(True)
+    assert "no step made non-finite" in fast[1]._fast_guard_off
+    _same(fast, fit(False))
+
+
+def test_a_state_too_large_to_copy_keeps_the_per_step_guard(monkeypatch):
+    monkeypatch.setattr(rollback, "MAX_BYTES", 16)
+    _, trainer, outcome = _fit(_data(), fast=True)
+    assert trainer._snapshot is None and "too large" in trainer._fast_guard_off
+    assert "bad data" in outcome
+
+
+def test_the_snapshot_puts_every_variable_back():
+    variables = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64)]
+    snapshot = rollback.CallSnapshot(variables + variables[:1])   # shared: copied once
+    assert len(snapshot.variables) == 2
+    tf.function(snapshot.take)()
+    variables[0].assign([np.nan, 5.0])
+    variables[1].assign(7)
+    assert not bool(tf.function(snapshot.intact)())
+    snapshot.restore()
+    np.testing.assert_array_equal(variables[0].numpy(), [1.0, 2.0])
+    assert int(variables[1].numpy()) == 3 and bool(tf.function(snapshot.intact)())
+    assert rollback.fits(variables) and not rollback.fits([tf.Variable(tf.zeros([2 ** 23]))])
+
+
+def test_the_seed_kept_for_replay_is_the_one_the_shuffle_would_draw():
+    def orders(dataset):
+        return [list(dataset.as_numpy_iterator()) for _ in range(2)]
+
+    tf.random.set_seed(5)
+    drawn_by_tf = orders(tf.data.Dataset.range(20).shuffle(20))
+    tf.random.set_seed(5)
+    kept = inputs._shuffle_seed()
+    assert orders(tf.data.Dataset.range(20).shuffle(20, seed=kept)) == drawn_by_tf
+
+
+def test_replay_draws_the_batches_of_the_pass_again():
+    x = np.arange(40, dtype="float32")[:, None]
+    prepared = inputs.prepare(x, x, batch_size=4, shuffle=True, seed=3)
+    batches = inputs.EpochBatches(prepared, None)
+    for _ in range(2):   # into the second pass, whose order is not the first's
+        batches.start_epoch()
+        batches.iterator().get_next()
+        batches.consumed(1)
+    replayed = batches.replay()
+    expected = [batches.iterator().get_next()[0].numpy().tolist() for _ in range(3)]
+    assert [replayed.get_next()[0].numpy().tolist() for _ in range(3)] == expected
+
+
+def test_which_pipelines_replay_identically():
+    def replays(dataset):
+        return pipeline_check.replays_identically(pipeline_check.dataset_graph(dataset))
+
+    x = np.zeros((8, 2), "float32")
+    assert replays(tf.data.Dataset.from_tensor_slices(x).batch(2).cache().prefetch(1))
+    assert not replays(tf.data.Dataset.from_tensor_slices(x).shuffle(8).batch(2))
+    assert not replays(tf.data.Dataset.from_tensor_slices(x).map(
+        lambda v: v + tf.random.uniform([2])).batch(2))
