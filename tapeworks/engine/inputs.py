@@ -325,10 +325,10 @@ class EpochBatches:
         dataset = self.prepared.rebuild()
         for _ in range(self.passes - 1):
             self.make_iterator(dataset)
-        iterator = self.make_iterator(dataset)
-        for _ in range(self._used):
-            iterator.get_next()
-        return iterator
+        # Skipped inside tf.data, not drawn one by one from Python: an
+        # endless pipeline with `steps_per_epoch` may be millions of batches
+        # in. A skip shares the shuffle's reshuffling state with `dataset`.
+        return self.make_iterator(dataset.skip(self._used))
 
     def adopt(self, iterator):
         """Goes on with `iterator` (from `replay`) in place of the pass's own."""

@@ -42,6 +42,9 @@ from tapeworks.errors import ConfigError, CorrectnessWarning, DataSpecError, war
 
 logger = logging.getLogger("tapeworks")
 
+# Calls replayed (`Trainer._replay_call`) before every step is guarded instead.
+MAX_REPLAYS = 3
+
 EVAL_STEPS_PER_CALL = 32
 
 
@@ -268,6 +271,7 @@ class Trainer:
         # use, and why the path is off for this trainer (None while it is on).
         self._snapshot = None
         self._fast_guard_off = None
+        self._replays = 0
         self._stop_on_nonfinite = False  # TerminateOnNaN given: stop instead of raising
         self._nonfinite_warned = 0
         self.retraces = []   # the user's tf.functions that retraced in the last fit
@@ -908,9 +912,10 @@ class Trainer:
 
         Only where the per-step branch is what costs: tf.function steps (in
         an XLA step or update the branch is XLA's, and cheap) on one device,
-        with "raise" or "skip", data that can be replayed (arrays), no loss
-        scale (its own verdict withholds overflowed steps), no captures, and
-        a state small enough to copy once a call.
+        with "raise" or "skip", data that can be replayed (arrays; an
+        in-memory pipeline without a shuffle), no loss scale (its own
+        verdict withholds overflowed steps), no captures, and a state small
+        enough to copy once a call.
         """
         if (self._fast_guard_off or jit is not False or self.run_eagerly
                 or self._guard is None or not self._guard.blocks_update
@@ -947,6 +952,11 @@ class Trainer:
         goes on, as if the call had been guarded from the start.
         """
         self._snapshot.restore()
+        self._replays += 1
+        if self._replays >= MAX_REPLAYS:
+            # Bad steps are not rare here ("skip" over bad data): a call
+            # run twice each time costs more than a guard on every step.
+            self._fast_guard_off = f"{self._replays} calls held non-finite steps"
         iterator = batches.replay()
         batches.adopt(iterator)
         bad_before = int(self._guard.count.numpy())

@@ -70,13 +70,15 @@ def test_the_fast_path_gives_what_a_guard_on_every_step_gives(policy, source):
     shuffle = source == "shuffled arrays"
     fast = _fit(data, fast=True, policy=policy, shuffle=shuffle)
     guarded = _fit(data, fast=False, policy=policy, shuffle=shuffle)
-    assert fast[1]._snapshot is not None and fast[1]._fast_guard_off is None
-    assert guarded[1]._snapshot is None
+    assert fast[1]._snapshot is not None and guarded[1]._snapshot is None
     _same(fast, guarded)
     if policy == "raise":
         assert "step " in fast[2] and "bad data" in fast[2]
+        assert fast[1]._fast_guard_off is None
     else:
         assert fast[2]["nonfinite_steps"] == [1.0, 2.0, 3.0]   # the bad batch, each epoch
+        # A bad call in every epoch: after the third replay, every step is guarded.
+        assert fast[1]._fast_guard_off == "3 calls held non-finite steps"
 
 
 @pytest.mark.parametrize("policy", ["raise", "skip"])
@@ -85,7 +87,9 @@ def test_monitored_calls_take_the_fast_path_too(policy):
     data = _data()
     fast = _fit(data, fast=True, policy=policy, monitor_every=3)
     guarded = _fit(data, fast=False, policy=policy, monitor_every=3)
-    assert fast[1]._snapshot is not None and fast[1]._fast_guard_off is None
+    assert fast[1]._snapshot is not None
+    assert fast[1]._fast_guard_off == (None if policy == "raise"
+                                       else "3 calls held non-finite steps")
     _same(fast, guarded)
     assert fast[1].monitor_history
     np.testing.assert_equal(fast[1].monitor_history, guarded[1].monitor_history)
