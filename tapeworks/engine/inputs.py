@@ -60,10 +60,12 @@ class PreparedData:
         parallelism: for a pipeline `tapeworks.data.pipeline` built, the ways
             it can run [(name, dataset)], for the Trainer to choose from by
             measurement (`input_planner`); None for other data.
-        rebuild: for array inputs, a function that builds `dataset` anew:
-            the same batches, and over its passes the same orders (its
-            shuffle has an explicit seed), from fresh state. None for other
-            data, whose batches cannot be read again.
+        rebuild: a function that gives `dataset` again, to draw the same
+            batches in the same orders over its passes: for array inputs it
+            builds it anew (its shuffle has an explicit seed); for an
+            in-memory pipeline with nothing random in it (set by the data
+            stage) it is the pipeline itself. None for other data, whose
+            batches cannot be drawn again.
     """
 
     dataset: tf.data.Dataset

@@ -525,8 +525,8 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
     `one_step` (the monitored variant of the step: `monitor_every`), after
     the loop, so no step pays a branch for it. With `rollback`
     (`rollback.CallSnapshot`, one device only), the call first copies the
-    variables a step changes and returns, last, whether they are all finite
-    after it (the non-finite guard's fast path).
+    variables a step changes and returns, last, whether none of them turned
+    non-finite (the non-finite guard's fast path).
     """
     keep_last = should_continue is not None
     if rollback is not None and replicated:
