@@ -892,20 +892,23 @@ class Trainer:
         # Reading the results is the call's one host sync.
         ran, samples = int(ran), int(samples)
         seconds = time.perf_counter() - start
-        if fast:
+        if not fast:
+            self._after_guarded_call(last, steps_done, ran)
+        else:
             if not self._snapshot.confirmed:
                 self._check_snapshot_complete()
             if not bool(last[0]):
                 ran, samples, logs = self._replay_call(probe.jit, batches, ran, steps_done,
                                                        monitored)
-                return ran, samples, callback_bridge.python_logs(logs), \
-                    time.perf_counter() - start
-            return ran, samples, callback_bridge.python_logs(logs), seconds
+                seconds = time.perf_counter() - start
+        return ran, samples, callback_bridge.python_logs(logs), seconds
+
+    def _after_guarded_call(self, last, steps_done, ran):
+        """A halted "raise" call localises and raises; "warn" and "skip" report their count."""
         if last and self._guard.halted:
             self._nonfinite_stop(self._local_batch(last[0].get_value()),
                                  steps_done + ran - 1)
         self._warn_nonfinite()
-        return ran, samples, callback_bridge.python_logs(logs), seconds
 
     def _fast_guard(self, jit, batches):
         """Whether this call takes the non-finite guard's fast path (`rollback`).
@@ -964,10 +967,7 @@ class Trainer:
         with guards.inside_step():
             ran, samples, logs, *last = loop(iterator, tf.constant(ran, tf.int64))
         ran, samples = int(ran), int(samples)
-        if last and self._guard.halted:
-            self._nonfinite_stop(self._local_batch(last[0].get_value()),
-                                 steps_done + ran - 1)
-        elif int(self._guard.count.numpy()) == bad_before:
+        if int(self._guard.count.numpy()) == bad_before:
             # No step was bad: something else held a NaN or Inf (a value
             # set before the call, a metric of its own). The check of the
             # whole call cannot tell bad steps here: guard every step.
@@ -975,11 +975,15 @@ class Trainer:
                                     "made non-finite")
             logger.info("tapeworks: the non-finite check goes step by step from here: %s",
                         self._fast_guard_off)
-        self._warn_nonfinite()
+        self._after_guarded_call(last, steps_done, ran)
         return ran, samples, logs
 
     def _mutable_variables(self):
-        """Every variable a training step can change: what the fast path's snapshot copies."""
+        """Every variable a training step can change.
+
+        What the fast path's snapshot copies, and what a failed checkpoint
+        read puts back.
+        """
         found = {}
 
         def add(variables):
@@ -1351,12 +1355,7 @@ class Trainer:
     def _read_run_state(self, prefix):
         """Restores a saved run state; on failure puts every variable back as it was."""
         state = self._run_state()
-        variables = {id(v): v for v in list(state.random_states) + list(state.metrics)}
-        for part in [*self.task.models, self.counters, self.precision, *self.states,
-                     *(u.optimizer for u in self.task.updates)]:
-            variables.update({id(v): v for v in part.variables})
-        variables[id(self.task.random.state)] = self.task.random.state
-        before = [(v, v.numpy()) for v in variables.values()]
+        before = [(v, v.numpy()) for v in self._mutable_variables()]
         try:
             state.read(prefix).assert_existing_objects_matched()
         except Exception:
