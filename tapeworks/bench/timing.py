@@ -52,6 +52,27 @@ def alternate(approaches, repeats):
     return results
 
 
+def quartiles(values):
+    """(median, first quartile, third quartile) of `values` (all three equal for one value)."""
+    values = list(values)
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return median, q1, q3
+
+
+def paired_overhead(runs, base_runs):
+    """Percent overhead of `runs` over `base_runs`, paired round by round.
+
+    Both are samples/s from the same `alternate` call, one per round; each
+    round's pair ran back to back, so a slow stretch of a shared machine
+    hits both. Returns (median, first quartile, third quartile) of the
+    rounds' overheads: the quartiles say how far one round's pair can be
+    trusted, which a ratio of two medians does not show.
+    """
+    return quartiles(100.0 * (base / run - 1.0) for run, base in zip(runs, base_runs))
+
+
 def median_seconds(fn, repeats, warmups=1):
     """Median wall time of `fn()` over `repeats` calls after `warmups` calls."""
     for _ in range(warmups):

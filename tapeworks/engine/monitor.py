@@ -2,12 +2,13 @@
 
 The statistics are computed in the graph, but not in the step every call
 runs: the Trainer compiles a second variant of the train step whose updates
-are wrapped by `GradientMonitor.record`, and runs it for one step (with
-accumulation, up to the step that closes the window) after the first call
-that reaches each k-th step. The other steps run the plain step, so
-monitoring costs one extra call every k steps, not a branch in every step.
-(A `tf.cond` around the optimizer in every step costs tens of microseconds
-on CPU: `tapeworks bench diagnose`.)
+are wrapped by `GradientMonitor.record`, and makes it the last step of the
+call that reaches each k-th step (steps per call are capped at k; with
+accumulation, the call ends on the step that closes a window). The other
+steps run the plain step, so monitoring costs a host read every k steps and
+calls no longer than k, not a branch in every step. (A `tf.cond` around the
+optimizer in every step costs tens of microseconds on CPU:
+`tapeworks bench diagnose`.)
 
 For each update, `record` keeps in variables each trainable variable's
 gradient norm (as computed, before clipping), its norm before the update and

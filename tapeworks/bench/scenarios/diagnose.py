@@ -26,7 +26,7 @@ import keras
 
 from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, _data, _loss, build_mlp
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import Approach, alternate, paired_overhead, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("overhead of the per-step checks (on_nonfinite=\"raise\", dead gradients) and "
@@ -96,17 +96,22 @@ def run(quick=False, repeats=5):
                          fixed_rows["monitored"]: names["checked_fixed"]})
         for name, result in results.items():
             base = results[baseline[name]]["samples_per_s"]
+            median, q1, q3 = paired_overhead(result["runs"], results[baseline[name]]["runs"])
             rows.append({"model": size.name, "approach": name,
                          "samples_per_s": result["samples_per_s"],
                          "baseline": baseline[name],
                          "vs_baseline": result["samples_per_s"] / base,
                          "overhead_percent": 100 * (base / result["samples_per_s"] - 1),
+                         "paired_median": median, "paired_q1": q1, "paired_q3": q3,
+                         "paired": ("" if name == baseline[name]
+                                    else f"{median:.1f} [{q1:.1f}, {q3:.1f}]"),
                          "repeats": result["runs"], "notes": result["notes"],
                          "group": size.name})
     return {
         "columns": [("model", "model"), ("approach", "approach"),
                     ("samples_per_s", "samples/s"), ("baseline", "compared with"),
-                    ("vs_baseline", "x baseline"), ("overhead_percent", "overhead %")],
+                    ("vs_baseline", "x baseline"), ("overhead_percent", "overhead %"),
+                    ("paired", "overhead %, round by round: median [quartiles]")],
         "rows": rows,
         "facts": {"target": "the non-finite check (on_nonfinite=\"raise\") costs at most 2% "
                             "of step time; monitor_every=100 at most 5% more than the "
@@ -120,6 +125,10 @@ def run(quick=False, repeats=5):
                                "what data that cannot replay pays (a tf.cond around each "
                                "update). XLA steps keep their guard inside XLA, and states "
                                "over 16 MiB (the large MLP) the per-step guard",
+                  "overhead": "'overhead %' compares the two medians; the round-by-round "
+                              "column pairs each repeat with its baseline's in the same round "
+                              "(run back to back) and gives the median and quartiles of those "
+                              "pairs: how far one round can be trusted on this shared machine",
                   "modes": "[auto]: each trainer settles by itself (the checks' cost is part of "
                            "what auto measures); [fixed False/N]: all in tf.function steps "
                            "(where a check costs most) at the steps per call auto settled "

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 
+from tapeworks.bench.timing import quartiles
+
 DESCRIPTION = ("wall-clock time of a fresh process's whole fit (compile and measuring "
                "included): tapeworks defaults (cold and warm plan cache) vs Keras fit vs the "
                "best fixed mode, at several run lengths")
@@ -178,16 +180,23 @@ def run(quick=False, repeats=3):
                             notes[name] = (f"{result['jit_compile']}/{result['steps_per_call']}"
                                            f"{' (cache)' if result['from_cache'] else ''}")
                 keras_default = statistics.median(cells["keras fit (defaults)"])
-                fixed = statistics.median(cells[next(n for n in cells if "fixed" in n)])
+                fixed_runs = cells[next(n for n in cells if "fixed" in n)]
+                fixed = statistics.median(fixed_runs)
                 for name, seconds in cells.items():
                     if name in left_out:
                         continue
                     median = statistics.median(seconds)
+                    # Round by round: each round's processes ran one after the other.
+                    paired = quartiles(f / s for f, s in zip(fixed_runs, seconds))
                     rows.append({"model": model, "epochs": epochs, "approach": name,
                                  "label": f"{name} @ {epochs} epoch(s)",
                                  "seconds": median, "runs": seconds,
                                  "keras_default_over_this": keras_default / median,
                                  "best_fixed_over_this": fixed / median,
+                                 "best_fixed_paired": list(paired),
+                                 "paired": ("" if "fixed" in name else
+                                            f"{paired[0]:.2f} [{paired[1]:.2f}, "
+                                            f"{paired[2]:.2f}]"),
                                  "chose": notes.get(name, "")})
     return {
         "scenario": "wallclock",
@@ -197,15 +206,20 @@ def run(quick=False, repeats=3):
                     ("seconds", "fit seconds (median)"),
                     ("keras_default_over_this", "x Keras fit default"),
                     ("best_fixed_over_this", "x best fixed mode"),
+                    ("paired", "x best fixed, round by round: median [quartiles]"),
                     ("chose", "auto chose (jit/steps)")],
         "chart": {"group": "model", "bar": "label", "value": "keras_default_over_this",
                   "label": "Keras default fit's time / this approach's time"},
         "facts": {"models": ", ".join(models), "epochs": ", ".join(map(str, lengths)),
-                  "what a cell is": (f"Each cell: median of {repeats} fresh processes; time "
-                                     "of fit() alone "
-                  "(Trainer creation, tracing, compiling and measuring included; imports and "
-                  "data excluded). The best fixed mode comes from a sweep of "
-                  f"{sweep} at {max(lengths)} epochs, one process each."),
+                  "what a cell is": (
+                      f"Each cell: median of {repeats} fresh processes; time of fit() alone "
+                      "(Trainer creation, tracing, compiling and measuring included; imports "
+                      "and data excluded). The best fixed mode comes from a sweep of "
+                      f"{sweep} at {max(lengths)} epochs, one process each. 'x best fixed "
+                      "mode' divides two medians; the round-by-round column divides the best "
+                      "fixed mode's process by this approach's in the same round (alternated, "
+                      "so the two ran close in time) and gives the median and quartiles of "
+                      "those ratios."),
                   "left out": "; ".join(sorted(set(unavailable))) or "nothing"},
     }
 
