@@ -22,6 +22,9 @@ or update the branch is XLA's, and "auto" picks that mode when it is faster,
 as the [auto] rows show).
 """
 
+import math
+import time
+
 import keras
 
 from tapeworks.bench.data import in_memory_dataset
@@ -32,6 +35,7 @@ from tapeworks.engine import Trainer
 DESCRIPTION = ("overhead of the per-step checks (on_nonfinite=\"raise\", dead gradients) and "
                "of monitor_every=100, bench MLPs")
 MONITOR_EVERY = 100
+REPEAT_SECONDS = 1.0     # the least length of one timed repeat (whole epochs)
 UNCHECKED = "no checks"
 CHECKED = "defaults (raise + dead gradients)"
 RAISED = "on_nonfinite=\"raise\" alone"
@@ -49,17 +53,24 @@ CHECKS = {"none": dict(on_nonfinite=None, dead_gradient_steps=None),
 
 
 def run(quick=False, repeats=5):
-    rows = []
+    rows, repeat_epochs = [], {}
+    repeat_seconds = 0.1 if quick else REPEAT_SECONDS
     for size in (QUICK_SIZES if quick else SIZES):
         x, y = _data(size, size.steps)
         dataset = in_memory_dataset((x, y), size.batch)
-        samples = size.steps * size.batch
         # The mode "auto" settles on without the check, then fixed for both.
         probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
                         plan_cache=False, **CHECKS["none"])
         # A shorter settling fit for the quick (test) run.
         settle_seconds = 2.0 if quick else 20.0
         settle_trainer(probe, dataset, long_fit_seconds=settle_seconds)
+        # A repeat of about REPEAT_SECONDS: one epoch of the small MLP lasts
+        # under 0.1 s, where a shared machine's hiccups are a 2% target's size.
+        start = time.perf_counter()
+        probe.fit(dataset, verbose=0)
+        epochs = max(1, math.ceil(repeat_seconds / (time.perf_counter() - start)))
+        samples = size.steps * size.batch * epochs
+        repeat_epochs[size.name] = epochs
         # tf.function steps: the mode where the checks cost most (auto's
         # choice between tf.function and the XLA update flips on this
         # machine for the small MLP; the [auto] rows show what a user gets).
@@ -75,7 +86,8 @@ def run(quick=False, repeats=5):
             if checks == "stepwise":
                 # As for a pipeline that cannot replay its batches.
                 trainer._fast_guard_off = "a guard on every step (bench)"
-            return Approach(name, lambda: (trainer.fit(dataset, verbose=0), samples)[1],
+            return Approach(name, lambda: (trainer.fit(dataset, epochs=epochs, verbose=0),
+                                           samples)[1],
                             setup=lambda: settle_trainer(trainer, dataset,
                                                          long_fit_seconds=settle_seconds))
 
@@ -125,6 +137,9 @@ def run(quick=False, repeats=5):
                                "what data that cannot replay pays (a tf.cond around each "
                                "update). XLA steps keep their guard inside XLA, and states "
                                "over 16 MiB (the large MLP) the per-step guard",
+                  "repeats": "each timed repeat is one fit of whole epochs lasting about "
+                             f"{repeat_seconds:g} s or more: " + ", ".join(
+                                 f"{name}: {n} epoch(s)" for name, n in repeat_epochs.items()),
                   "overhead": "'overhead %' compares the two medians; the round-by-round "
                               "column pairs each repeat with its baseline's in the same round "
                               "(run back to back) and gives the median and quartiles of those "
