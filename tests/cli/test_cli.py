@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -198,6 +199,12 @@ def test_wallclock_scenario_quick(tmp_path):
     assert len(approaches) == 4 and all(row["seconds"] > 0 for row in report["rows"])
     warm = next(r for r in report["rows"] if "warm" in r["approach"])
     assert warm["chose"].endswith("(cache)")
+    # Round by round: the best fixed mode's process over this one's, in each round.
+    fixed = next(r for r in report["rows"] if "fixed" in r["approach"])
+    ratios = [f / s for f, s in zip(fixed["runs"], warm["runs"])]
+    assert warm["best_fixed_paired"][0] == pytest.approx(statistics.median(ratios))
+    assert min(ratios) <= warm["best_fixed_paired"][1] <= warm["best_fixed_paired"][2] \
+        <= max(ratios)
 
 
 def test_version_and_quiet_start():
