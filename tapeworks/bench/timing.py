@@ -64,11 +64,11 @@ def quartiles(values):
 def paired_overhead(runs, base_runs):
     """Percent overhead of `runs` over `base_runs`, paired round by round.
 
-    Both are samples/s from the same `alternate` call, one per round; each
-    round's pair ran back to back, so a slow stretch of a shared machine
-    hits both. Returns (median, first quartile, third quartile) of the
-    rounds' overheads: the quartiles say how far one round's pair can be
-    trusted, which a ratio of two medians does not show.
+    Both are samples/s from the same `alternate` call, one per round; the
+    two runs of a round ran close in time, so a slow stretch of a shared
+    machine mostly hits both. Returns (median, first quartile, third
+    quartile) of the rounds' overheads: the quartiles say how far one
+    round's pair can be trusted, which a ratio of two medians does not show.
     """
     return quartiles(100.0 * (base / run - 1.0) for run, base in zip(runs, base_runs))
 

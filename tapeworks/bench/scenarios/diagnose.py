@@ -14,6 +14,11 @@ The same MLP trained, alternating, on the `loops` small and large MLPs:
   (a shuffled or file-reading pipeline) pays: a `tf.cond` around each update;
 - with `on_nonfinite="warn"` (the check on every step, nothing withheld).
 
+Each timed repeat is a fit of whole epochs lasting about a second, and each
+overhead is given twice: as a ratio of the two medians, and round by round
+(each repeat against its baseline's in the same round) with its quartiles,
+which show how noisy the machine was.
+
 Twice for the defaults: each trainer with "auto" (what a user gets: the
 checks' cost is part of what "auto" measures, so it may pick another mode),
 and all in tf.function steps at the steps per call "auto" picked without
@@ -142,7 +147,7 @@ def run(quick=False, repeats=5):
                                  f"{name}: {n} epoch(s)" for name, n in repeat_epochs.items()),
                   "overhead": "'overhead %' compares the two medians; the round-by-round "
                               "column pairs each repeat with its baseline's in the same round "
-                              "(run back to back) and gives the median and quartiles of those "
+                              "(close in time) and gives the median and quartiles of those "
                               "pairs: how far one round can be trusted on this shared machine",
                   "modes": "[auto]: each trainer settles by itself (the checks' cost is part of "
                            "what auto measures); [fixed False/N]: all in tf.function steps "
