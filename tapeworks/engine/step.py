@@ -304,7 +304,7 @@ class Updater:
 
 
 def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
-                    capture=False):
+                    capture=False, xla_gradients=False):
     """Returns `step(batch) -> batch size`: every update of `task` on one (micro-)batch.
 
     All losses come from one forward pass under one tape (persistent when
@@ -312,12 +312,20 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
     with respect to its own variables; the backward pass reads the values
     recorded in the forward, so an update applied first (the discriminator)
     does not change the gradient of the next (the generator).
+
+    `xla_gradients` (see `Trainer._splits_xla_step`): the forward and backward passes
+    run as one XLA-compiled function that returns the gradients; the checks
+    read them outside XLA, and the updaters (fused: `jit_compile="update"`)
+    apply them in XLA again.
     """
     hooks = hooks or StepHooks()
     updates = task.updates
     # Several updates, or a weighting that needs gradients of its own
     # (GradNorm), differentiate the same recorded forward more than once.
     persistent = len(updates) > 1 or any(hasattr(u.loss, "after_gradients") for u in updates)
+    if xla_gradients and not differentiates_once(updates):
+        raise ValueError("xla_gradients needs every update on every step and no "
+                         "`after_gradients` (see differentiates_once)")
 
     guard = updaters[0].guard if updaters else None
     # State the forward pass itself updates (BatchNormalization's moving
@@ -325,9 +333,9 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
     forward_state = (forward_updated_state(task)
                      if guard is not None and guard.blocks_update else [])
 
-    def train_step(batch):
-        before = [tf.identity(tf.convert_to_tensor(v)) for v in forward_state]
-        with tf.GradientTape(persistent=persistent) as tape:
+    def forward(batch):
+        # Returned to the caller, which deletes it once its gradients are taken.
+        with tf.GradientTape(persistent=persistent) as tape:  # noqa: TW105
             losses, outputs = task.run_losses(batch, training=True)
             objectives, unscaled = [], []
             for update in updates:
@@ -336,8 +344,30 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                     where=f"the loss of update {update.name!r}"))
                 unscaled.append(objective)
                 objectives.append(precision.scale_loss(replicas.for_gradient(objective)))
+        return tape, losses, outputs, objectives, unscaled
+
+    def all_gradients(batch):
+        tape, losses, outputs, objectives, unscaled = forward(batch)
+        gradients = [precision.unscale(tape.gradient(objective, updater.variables))
+                     for objective, updater in zip(objectives, updaters)]
+        del tape
+        return losses, outputs, unscaled, gradients, dict(task._captures)
+
+    if xla_gradients:
+        compiled_gradients = tf.function(Traced(all_gradients), jit_compile=True,
+                                         autograph=False)
+
+    def train_step(batch):
+        before = [tf.identity(tf.convert_to_tensor(v)) for v in forward_state]
+        if xla_gradients:
+            losses, outputs, unscaled, gradients, captures = compiled_gradients(batch)
+            gradients_of = dict(enumerate(gradients))
+            objectives, tape = [None] * len(updates), None
+        else:
+            tape, losses, outputs, objectives, unscaled = forward(batch)
+            gradients_of, captures = {}, task._captures
         size = task_batch_size(batch)
-        gradients_of, norms_of, step_verdict = {}, {}, None
+        norms_of, step_verdict = {}, None
         if len(updates) > 1 and guard is not None and guard.blocks_update:
             # Several updates: every update's verdict before any is applied, so
             # a non-finite generator also withholds the discriminator's update
@@ -349,8 +379,9 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
             for index, (update, updater, objective, loss) in enumerate(
                     zip(updates, updaters, objectives, unscaled)):
                 if update.every == 1:
-                    gradients_of[index] = precision.unscale(
-                        tape.gradient(objective, updater.variables))
+                    if index not in gradients_of:
+                        gradients_of[index] = precision.unscale(
+                            tape.gradient(objective, updater.variables))
                     norms_of[index] = gradient_health.gradient_norms(
                         gradients_of[index], xla=updater.xla_step)
                     verdicts.append(guard.verdict(
@@ -364,8 +395,8 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                     index=index):
                 variables = updater.variables
                 if index in gradients_of:
-                    verdict = updater.add(gradients_of[index], variables, size,
-                                          verdict=step_verdict, norms=norms_of[index])
+                    verdict = updater.add(gradients_of[index], variables, size, loss=loss,
+                                          verdict=step_verdict, norms=norms_of.get(index))
                 else:
                     gradients = precision.unscale(tape.gradient(objective, variables))
                     verdict = updater.add(gradients, variables, size, loss=loss)
@@ -391,10 +422,36 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
         if capture:
             # Returned, not stored here: the loop copies them on k-th steps
             # only, outside XLA (see capture.py).
-            return size, dict(task._captures)
+            return size, dict(captures)
         return size
 
     return train_step
+
+
+# Gradients from this size (bytes) make an XLA step with checks on a CPU run
+# split (`Trainer._splits_xla_step`). One-off, this project's 2-core CPU,
+# seconds per epoch over no checks, the defaults' checks in a whole XLA step
+# against split: MLPs with 0.4 MB of gradients +10% against +44%, 1.3 MB
+# +24% / +30%, 5.2 MB +17% / +22%, 10.5 MB +12% / +14%, the large bench MLP's
+# 21 MB +36% / +10%. Split costs two XLA calls and TensorFlow's ops a step; it
+# pays once XLA's reduction of gradients this large is the slower part.
+SPLIT_MIN_GRADIENT_BYTES = 16 * 2 ** 20
+
+
+def differentiates_once(updates):
+    """Every update runs on every step and none differentiates again after its gradients.
+
+    What `make_train_step(xla_gradients=True)` needs: an update with
+    `every > 1` computes its gradients in a branch of its own, and GradNorm's
+    `after_gradients` needs the tape.
+    """
+    return all(u.every == 1 and not hasattr(u.loss, "after_gradients") for u in updates)
+
+
+def gradient_bytes(task):
+    """The size of every update's gradients (its trainable variables), in bytes."""
+    return sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size
+               for u in task.updates for v in u.variables())
 
 
 def forward_updated_state(task):

@@ -59,7 +59,10 @@ class Trainer:
             list/dict of those for a multi-output model.
         metrics: Keras metrics or their names, as in `model.compile`.
         loss_weights: weights of the losses of a multi-output model.
-        jit_compile: True (the whole step through XLA), False (tf.function),
+        jit_compile: True (the whole step through XLA; on a CPU, for
+            large gradients that a check reads, the forward and backward
+            passes and the update each through XLA, the checks between them
+            in TensorFlow: `_splits_xla_step`), False (tf.function),
             "update" (tf.function, with only the optimizer update fused by
             XLA) or "auto" (measure them, keep the fastest).
         steps_per_call: steps run inside one graph call, or "auto".
@@ -294,6 +297,8 @@ class Trainer:
         self._monitor_records = 0     # the first monitor's records, as last read
         self._owners = None           # id(variable) -> its layer (`_layer_owners`)
         self._dead = []               # one DeadGradients per update, created in _build
+        # From this size of gradients an XLA step with checks runs split on a CPU.
+        self._split_min_bytes = step.SPLIT_MIN_GRADIENT_BYTES
         # Kept across fits: consecutive steps are consecutive in an
         # epoch-by-epoch fit loop too, and each variable is named once.
         self._dead_unchecked = 0      # steps run since the host last read the sums
@@ -1754,20 +1759,50 @@ class Trainer:
         """One compiled step ("train" or "test"), cached per execution mode."""
         key = (kind + "_step", jit, monitored, guarded)
         if key not in self._loops:
+            split = kind == "train" and self._splits_xla_step(jit, monitored, guarded)
             if kind == "train":
                 one = self._watch_inference_calls(step.make_train_step(
-                    self.task, self._trackers, self._updaters(jit, monitored, guarded),
+                    self.task, self._trackers,
+                    self._updaters("update" if split else jit, monitored, guarded),
                     self.precision,
-                    self.counters, hooks=self.hooks, capture=self._capture is not None))
+                    self.counters, hooks=self.hooks, capture=self._capture is not None,
+                    xla_gradients=split))
             else:
                 one = step.make_test_step(self.task, self._trackers)
             one = self._count_traces(one, f"{kind}_step" + ("_monitored" if monitored else ""))
             # Replicated, the step is traced inside `strategy.run`'s own
             # function (`step.replicate`), not compiled apart.
             self._loops[key] = step.compile_step(
-                one, jit_compile=jit is True,
+                one, jit_compile=jit is True and not split,
                 run_eagerly=self.run_eagerly or replicas.is_replicated(self._strategy))
         return self._loops[key]
+
+    def _splits_xla_step(self, jit, monitored, guarded):
+        """Whether an XLA train step runs split: XLA gradients, checks in TensorFlow, XLA update.
+
+        The checks reduce every gradient to its norm once a step. Inside an
+        XLA step on a CPU that reduction is XLA's own; for large gradients it
+        is several times slower than TensorFlow's multi-threaded
+        `reduce_euclidean_norm` (one-off, the large bench MLP's 21 MB of
+        gradients: 9.0-10.9 ms against 2.3-2.8 ms; rewriting it as columns
+        or a dot product did not help), and the checks cost such a step a
+        third. Split, the norms run in TensorFlow between two XLA functions:
+        the forward and backward passes, and the fused update
+        (`jit_compile="update"`'s). Split costs two XLA calls a step, so only
+        for gradients of `step.SPLIT_MIN_GRADIENT_BYTES` or more, when some
+        check reads them, on one device; on a GPU XLA's reductions are
+        parallel and the step stays whole.
+        """
+        if jit is not True or self.run_eagerly or replicas.is_replicated(self._strategy):
+            return False
+        if tf.config.list_logical_devices("GPU") or not step.differentiates_once(
+                self.task.updates):
+            return False
+        if step.gradient_bytes(self.task) < self._split_min_bytes:
+            return False
+        reads_gradients = (monitored or bool(self._dead)
+                           or (guarded and self.on_nonfinite is not None))
+        return bool(reads_gradients)
 
     def _replicated_step(self, kind, jit, monitored=False, guarded=True):
         """A step on one batch, run on every replica, the batch size summed (`step.replicate`).

@@ -13,7 +13,16 @@ MODES = {
     "tf.function": dict(jit_compile=False),
     "xla-update": dict(jit_compile="update"),
     "xla": dict(jit_compile=True),
+    # XLA gradients, the checks in TensorFlow, XLA update: what jit_compile=True
+    # runs on a CPU for large gradients (`Trainer._splits_xla_step`).
+    "xla-split": dict(jit_compile=True),
 }
+
+
+def split_xla_step(trainer):
+    """Makes `trainer` split its XLA steps whatever the gradients' size (its threshold alone)."""
+    trainer._split_min_bytes = 0
+    return trainer
 
 
 def _dataset(kind, x, y, batch):
@@ -21,8 +30,9 @@ def _dataset(kind, x, y, batch):
 
 
 @pytest.mark.parametrize("kind", sorted(models.BUILDERS))
-@pytest.mark.parametrize("mode", sorted(MODES))
-@pytest.mark.parametrize("steps_per_call", [1, 3])
+@pytest.mark.parametrize("mode,steps_per_call", [
+    (mode, steps_per_call) for mode in sorted(MODES) for steps_per_call in (1, 3)
+    if mode != "xla-split" or steps_per_call == 3])
 def test_fit_matches_hand_written_loop(kind, mode, steps_per_call):
     x, y = models.regression_data(n=50)  # batch 8: 7 batches, the last one of 2
     build = models.BUILDERS[kind]
@@ -34,12 +44,51 @@ def test_fit_matches_hand_written_loop(kind, mode, steps_per_call):
     model = models.set_fixed_weights(build())
     trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse",
                                 steps_per_call=steps_per_call, **MODES[mode])
+    if mode == "xla-split":
+        split_xla_step(trainer)
     history = trainer.fit(_dataset(kind, x, y, 8), epochs=3, verbose=0)
 
+    # Split, the step's update is the XLA-fused one ("update"'s updaters).
+    fused = any(key[:2] == ("updaters", "update") for key in trainer._loops
+                if isinstance(key, tuple))
+    assert fused == (mode in ("xla-update", "xla-split"))
     assert len(history.history["loss"]) == 3
     assert int(trainer.optimizer.iterations) == 3 * 7
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_an_xla_step_on_a_cpu_splits_only_for_large_gradients_a_check_reads():
+    # The checks' gradient norms run in TensorFlow between the XLA gradients
+    # and the XLA update when the gradients are large; with no check reading
+    # them, or small ones, the step stays whole.
+    from tapeworks.engine import step
+
+    x, y = models.regression_data(n=24)
+    checked = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=True,
+                                steps_per_call=2)
+    checked.fit((x, y), batch_size=8, verbose=0)
+    size = step.gradient_bytes(checked.task)
+    assert size == 4 * sum(int(np.prod(v.shape)) for v in checked.model.trainable_variables)
+    assert size < step.SPLIT_MIN_GRADIENT_BYTES
+    assert not checked._splits_xla_step(True, monitored=False, guarded=True)
+    checked._split_min_bytes = size
+    assert checked._splits_xla_step(True, monitored=False, guarded=True)
+    assert not checked._splits_xla_step("update", monitored=False, guarded=True)
+    assert not checked._splits_xla_step(False, monitored=False, guarded=True)
+    bare = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=True,
+                             steps_per_call=2, on_nonfinite=None, dead_gradient_steps=None)
+    bare.fit((x, y), batch_size=8, verbose=0)
+    bare._split_min_bytes = 0
+    assert not bare._splits_xla_step(True, monitored=False, guarded=True)
+    assert bare._splits_xla_step(True, monitored=True, guarded=True)   # the monitor reads them
+    # An update that runs every other step, or differentiates again after its
+    # gradients (GradNorm), needs the whole step.
+    assert step.differentiates_once(checked.task.updates)
+    task = tapeworks.Task()
+    task.add_update("every_other", lambda losses: losses["mse"], models.sequential(), "sgd",
+                    every=2)
+    assert not step.differentiates_once(task.updates)
 
 
 def test_arrays_with_batch_size_match_dataset():
@@ -88,7 +137,7 @@ def test_sample_weights_weight_the_loss():
     assert logs["loss"] == pytest.approx(float(np.sum(w * per_sample) / 16), rel=1e-5)
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", sorted(set(MODES) - {"xla-split"}))   # training only
 def test_predict_and_evaluate(mode):
     x, y = models.regression_data(n=45)
     model = models.set_fixed_weights(models.sequential())

@@ -20,9 +20,19 @@ from tapeworks import CorrectnessWarning, Trainer
 from tapeworks.engine.monitor import MonitorReport
 from tapeworks.errors import ConfigError
 
+# "xla-split": XLA gradients, the checks in TensorFlow, XLA update: what
+# "xla" runs on a CPU for large gradients (`Trainer._splits_xla_step`).
+SPLIT_XLA = dict(jit_compile=True)
 MODES = [dict(run_eagerly=True, jit_compile=False), dict(jit_compile=False),
-         dict(jit_compile=True), dict(jit_compile="update")]
-MODE_IDS = ["eager", "tf.function", "xla", "xla-update"]
+         dict(jit_compile=True), dict(jit_compile="update"), SPLIT_XLA]
+MODE_IDS = ["eager", "tf.function", "xla", "xla-update", "xla-split"]
+
+
+def trainer_in(mode, *args, **kwargs):
+    trainer = Trainer(*args, **kwargs, **mode)
+    if mode is SPLIT_XLA:
+        trainer._split_min_bytes = 0   # split whatever the gradients' size
+    return trainer
 
 
 def regression_data(n=64, features=4, outputs=1, seed=0):
@@ -50,8 +60,8 @@ def fit_recording(trainer, data, **kwargs):
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 def test_a_dead_relu_layer_is_named_with_its_cause(mode):
-    trainer = Trainer(dying_model(), "sgd", "mse", steps_per_call=4, dead_gradient_steps=10,
-                      **mode)
+    trainer = trainer_in(mode, dying_model(), "sgd", "mse", steps_per_call=4,
+                         dead_gradient_steps=10)
     messages = fit_recording(trainer, regression_data(), batch_size=8, epochs=2)
     dead = [m for m in messages if "exactly zero" in m]
     assert len(dead) == 1, messages
@@ -145,8 +155,8 @@ def test_monitor_values_equal_norms_computed_by_hand(mode):
     model = small_model()
     expected = by_hand(model, x, y)
     lr = 0.1
-    trainer = Trainer(model, keras.optimizers.SGD(lr), "mse", monitor_every=1,
-                      dead_gradient_steps=None, **mode)
+    trainer = trainer_in(mode, model, keras.optimizers.SGD(lr), "mse", monitor_every=1,
+                         dead_gradient_steps=None)
     history = trainer.fit((x, y), batch_size=8, epochs=1, verbose=0, shuffle=False)
     [record] = trainer.monitor_history
     assert record["step"] == 0

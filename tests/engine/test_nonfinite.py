@@ -65,19 +65,29 @@ MODES = {
     "tf.function": dict(jit_compile=False),
     "xla": dict(jit_compile=True),
     "xla-update": dict(jit_compile="update"),
+    # XLA gradients, the checks in TensorFlow, XLA update: what "xla" runs on
+    # a CPU for large gradients (`Trainer._splits_xla_step`).
+    "xla-split": dict(jit_compile=True),
 }
 
 
 def trainer_for(model, mode, accumulate=1, **options):
-    return Trainer(model, keras.optimizers.SGD(0.1), "mse", steps_per_call=2,
-                   accumulate=accumulate, seed=0, **MODES[mode], **options)
+    trainer = Trainer(model, keras.optimizers.SGD(0.1), "mse", steps_per_call=2,
+                      accumulate=accumulate, seed=0, **MODES[mode], **options)
+    if mode == "xla-split":
+        trainer._split_min_bytes = 0   # split whatever the gradients' size
+    return trainer
 
 
 # Every model kind in every mode; and with `monitor_every=2` (the bad step is
-# then the call's last, monitored step) for the Functional model.
+# then the call's last, monitored step) for the Functional model. The split
+# XLA step on fewer of them.
+BASE_MODES = [mode for mode in MODES if mode != "xla-split"]
 CASES = [(kind, mode, accumulate, None) for kind in ("sequential", "functional", "subclassed")
-         for mode in MODES for accumulate in (1, 2)] + [
-    ("functional", mode, accumulate, 2) for mode in MODES for accumulate in (1, 2)]
+         for mode in BASE_MODES for accumulate in (1, 2)] + [
+    ("functional", mode, accumulate, 2) for mode in BASE_MODES for accumulate in (1, 2)] + [
+    ("sequential", "xla-split", 1, None), ("subclassed", "xla-split", 2, None),
+    ("functional", "xla-split", 2, 2)]
 
 
 @pytest.mark.parametrize("kind,mode,accumulate,monitor_every", CASES)
@@ -263,12 +273,14 @@ class TwoUpdates(Task):
                 "second_loss": tf.reduce_mean(tf.square(self.second(x) - y))}
 
 
-@pytest.mark.parametrize("mode", ["tf.function", "xla"])
+@pytest.mark.parametrize("mode", ["tf.function", "xla", "xla-split"])
 def test_several_updates_nothing_of_the_bad_step_is_applied(mode, tmp_path):
     x, y = data()
     task = TwoUpdates()
     trainer = Trainer(task, steps_per_call=2, seed=0, nonfinite_dir=str(tmp_path),
                       **MODES[mode])
+    if mode == "xla-split":
+        trainer._split_min_bytes = 0
     with pytest.raises(NonFiniteError) as caught:
         trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     assert caught.value.report.update == "second"

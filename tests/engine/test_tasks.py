@@ -227,12 +227,18 @@ def test_gradnorm_balances_gradient_norms():
     assert final[1] < 1.0 < final[0]
 
 
-def test_capture_yields_the_right_steps_tensors():
+@pytest.mark.parametrize("mode", ["tf.function", "xla", "xla-split"])
+def test_capture_yields_the_right_steps_tensors(mode):
+    # "xla-split": the captures leave the XLA gradients' function as its
+    # outputs (`Trainer._splits_xla_step`).
     real, noise = gan_data(n=28)  # batches of 4: 7 steps
     seen = []
     # One step per call, so the batch hooks can snapshot the weights of every step.
     trainer = tapeworks.Trainer(GAN(mlp((2, 8, 3), 1, "g"), mlp((3, 8, 1), 2, "d")),
-                                jit_compile=False, steps_per_call=1, capture_every=3)
+                                steps_per_call=1, capture_every=3,
+                                **MODES["xla" if mode == "xla-split" else mode])
+    if mode == "xla-split":
+        trainer._split_min_bytes = 0
     generator = trainer.task.generator
     dataset = tf.data.Dataset.from_tensor_slices((real, noise)).batch(4)
     captured = tapeworks.CaptureCallback(lambda step, t: seen.append((step, t["fake"])))
