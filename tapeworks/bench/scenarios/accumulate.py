@@ -162,11 +162,13 @@ def run(quick=False, repeats=5):
                      "repeats": result["runs"], "notes": result["notes"]})
     # Each case in fresh processes, three of each, alternating; the median of
     # their peaks (one process' allocator can keep tens of MiB more by chance).
+    # Quick (the tests' smoke run): one of each (a fresh process costs about
+    # 11 s of imports on this project's slowest CI machine).
     cases = {f"plain, batch {micro}": (1, micro),
              f"accumulate=8, micro-batch {micro}": (8, micro),
              f"plain, batch {8 * micro}": (1, 8 * micro)}
     runs = {name: [] for name in cases}
-    for _ in range(3 if quick else max(3, repeats)):
+    for _ in range(1 if quick else max(3, repeats)):
         for name, (accumulate, size) in cases.items():
             runs[name].append(_memory_case(accumulate, size, config))
     memory = {name: {key: statistics.median(r[key] for r in results)
@@ -183,9 +185,11 @@ def run(quick=False, repeats=5):
                     ("unit", "unit"), ("ratio", "ratio"), ("ratio_to", "ratio to")],
         "rows": rows,
         "facts": {"model": f"convnet on {side}x{side}x3 inputs, width {width}",
-                  "memory": ("fresh processes per memory case (median of their peaks), XLA "
-                             "off, 4 steps per call; peak RSS sampled during fit minus RSS "
-                             "before it")},
+                  "memory": (("one fresh process per memory case (quick run), XLA "
+                              if quick else
+                              "fresh processes per memory case (median of their peaks), XLA ")
+                             + "off, 4 steps per call; peak RSS sampled during fit minus "
+                             "RSS before it")},
         "chart": {"group": "measure", "bar": "case", "value": "ratio",
                   "label": "ratio to plain training at the micro-batch size"},
     }

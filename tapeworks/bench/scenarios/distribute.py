@@ -111,11 +111,12 @@ def worker(spec):
             per_step[index].append(
                 ((time.perf_counter() - middle) - (middle - start)) / short)
     result = {"seconds_per_step": statistics.median(per_step[-1]),
+              "per_fit": per_step[-1],
               "replicas": strategies[-1].num_replicas_in_sync}
     if approach == PAIRED:
         result["baseline_seconds_per_step"] = statistics.median(per_step[0])
-        result["ratio"] = statistics.median(
-            mirrored / plain for plain, mirrored in zip(*per_step))
+        result["ratios"] = [mirrored / plain for plain, mirrored in zip(*per_step)]
+        result["ratio"] = statistics.median(result["ratios"])
     return result
 
 
@@ -165,18 +166,26 @@ def _run(spec):
 def run(quick=False, repeats=3):
     rows = []
     fits = 2 if quick else 5
-    # Quick (the tests' smoke run): the small MLP, tapeworks' five ways.
+    # Quick (the tests' smoke run): the small MLP, tapeworks' five ways, and
+    # one process per approach whose repeats are its fits (a fresh process
+    # costs about 11 s of imports on this project's slowest CI machine).
     approaches = APPROACHES[:5] if quick else APPROACHES
     for size in _sizes(quick)[:1] if quick else _sizes(quick):
         # About as many steps for each model as a fit of a few seconds holds.
         calls = 2 if quick else (10 if size.widths[1] < 256 else 2)
         times = {name: [] for name in approaches}
         paired = []   # (no strategy's seconds per step, the ratio) of each paired process
-        for round_index in range(repeats):
+        for round_index in range(1 if quick else repeats):
             shift = round_index % len(approaches)
             for approach in approaches[shift:] + approaches[:shift]:
                 result = _run({"model": size.name, "approach": approach, "quick": quick,
-                               "calls": calls, "fits": fits})
+                               "calls": calls, "fits": repeats if quick else fits})
+                if quick:
+                    times[approach].extend(result["per_fit"])
+                    if approach == PAIRED:
+                        paired.extend((result["baseline_seconds_per_step"], ratio)
+                                      for ratio in result["ratios"])
+                    continue
                 times[approach].append(result["seconds_per_step"])
                 if approach == PAIRED:
                     paired.append((result["baseline_seconds_per_step"], result["ratio"]))
@@ -230,7 +239,8 @@ def run(quick=False, repeats=3):
                        f"steps (N = {STEPS_PER_CALL} x 10 for the small MLP, x 2 for the "
                        "large; quick: x 2): a step's time is the pair's difference over N, "
                        "so a fit's start-up cancels; the median pair; cells: medians over "
-                       "fresh processes, alternated. The paired row: one process trains "
+                       "fresh processes, alternated (quick: one process per approach, its "
+                       "pairs the repeats). The paired row: one process trains "
                        "both, each round's pairs in alternating order"),
             "all-reduced": "the gradients, float32, once per step (one replica all-reduces "
                            "too: the size is the same; no strategy all-reduces nothing)",
