@@ -85,6 +85,12 @@ def median_seconds(fn, repeats, warmups=1):
     return statistics.median(times)
 
 
+# Settling in a quick run (the tests' smoke runs): a long fit of a second, at
+# most 5 epochs ("auto" may then still be waiting to try XLA; the figures of a
+# quick run are not kept).
+QUICK_SETTLING = {"long_fit_seconds": 1.0, "max_epochs": 5}
+
+
 def settle_trainer(trainer, dataset, long_fit_seconds=20.0, max_epochs=60):
     """Warm-up of a tapeworks approach: fit until "auto" has chosen (it measures real calls).
 

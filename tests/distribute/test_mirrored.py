@@ -17,7 +17,9 @@ from tests.distribute.scenarios import SCENARIOS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+# One xdist worker takes the whole module, so its module fixture (two fresh
+# processes, about 80-130 s on the slow CI machine) runs once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("mirrored")]
 
 
 @pytest.fixture(scope="module")

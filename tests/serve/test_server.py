@@ -19,7 +19,8 @@ import pytest
 from tests.serve.saved_models import half_plus_two, scaled
 from tests.serve.server_process import Server
 
-pytestmark = [pytest.mark.multiprocess]
+# One xdist worker takes the whole module: its server fixture starts once.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("server")]
 HERE = os.path.dirname(__file__)
 
 

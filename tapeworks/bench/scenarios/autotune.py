@@ -17,14 +17,14 @@ import keras
 
 from tapeworks.bench.data import cached_batches
 from tapeworks.bench.scenarios.loops import SIZES, QUICK_SIZES, _data, _loss, build_mlp
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.data.pipeline import without_autotuning
 from tapeworks.engine import Trainer
 
 DESCRIPTION = "in-memory training data with tf.data's autotuning model on vs off"
 
 
-def approaches(size):
+def approaches(size, quick=False):
     x, y = _data(size, size.steps)
     cached = cached_batches((x, y), size.batch)
     datasets = {"as built": cached, "through without_autotuning": without_autotuning(cached)}
@@ -34,7 +34,8 @@ def approaches(size):
         out.append(Approach(
             f"tapeworks (defaults), dataset {state}",
             lambda trainer=trainer, dataset=dataset: (trainer.fit(dataset, verbose=0), len(x))[1],
-            setup=lambda trainer=trainer, dataset=dataset: settle_trainer(trainer, dataset)))
+            setup=lambda trainer=trainer, dataset=dataset: settle_trainer(
+                trainer, dataset, **(QUICK_SETTLING if quick else {}))))
     for state, dataset in datasets.items():
         model = build_mlp(size.widths)
         model.compile(keras.optimizers.Adam(1e-3), _loss(), jit_compile=True,
@@ -47,7 +48,7 @@ def approaches(size):
 
 def run(quick=False, repeats=5):
     size = (QUICK_SIZES if quick else SIZES)[1]
-    results = alternate(approaches(size), repeats)
+    results = alternate(approaches(size, quick), repeats)
     rows = []
     for name, result in results.items():
         as_built = results[name.replace("through without_autotuning", "as built")]

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.scenarios.accumulate import _PeakSampler, _rss_bytes
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 from tapeworks.engine.task import Task
 
@@ -133,7 +133,8 @@ def _gan_rows(quick, repeats):
         Approach("hand-written tf.function step", _hand_written(False, batches)),
         Approach("hand-written XLA step", _hand_written(True, batches)),
         Approach("tapeworks Task", lambda: (trainer.fit(dataset, verbose=0), fast_steps)[1],
-                 setup=lambda: settle_trainer(trainer, dataset)),
+                 setup=lambda: settle_trainer(trainer, dataset,
+                                              **(QUICK_SETTLING if quick else {}))),
     ]
     results = alternate(approaches, repeats)
     base = results[PREDICT_PATTERN]["samples_per_s"]
@@ -221,7 +222,8 @@ def _perceptual_rows(quick, repeats):
 
     approaches = [
         Approach("critic frozen by tapeworks", measured("tapeworks", tapeworks_run),
-                 setup=lambda: settle_trainer(trainer, dataset)),
+                 setup=lambda: settle_trainer(trainer, dataset,
+                                              **(QUICK_SETTLING if quick else {}))),
         Approach("critic frozen by hand (tf.function)", measured("frozen", hand(True))),
         Approach("critic left trainable in the tape (tf.function)",
                  measured("trainable", hand(False))),

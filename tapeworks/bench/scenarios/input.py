@@ -93,7 +93,9 @@ def run(quick=False, repeats=5):
                                                    verbose=0), samples * EPOCHS_PER_REPEAT)[1],
                         # Up to 120 epochs: enough for the input planner to
                         # have tried every way (a second of epochs each).
-                        setup=lambda: settle_trainer(trainer, dataset, max_epochs=120))
+                        setup=lambda: settle_trainer(
+                            trainer, dataset, max_epochs=120,
+                            long_fit_seconds=1.0 if quick else 20.0))
 
     def alone(dataset_of):
         def iterate():

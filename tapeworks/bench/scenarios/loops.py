@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.peak import matmul_peak_gflops, memory_bandwidth_gbs
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 BASELINE = "keras fit (defaults)"
@@ -78,7 +78,7 @@ def _data(size, steps):
     return x, y
 
 
-def approaches(size):
+def approaches(size, quick=False):
     """The six loops, each on its own copy of the same model and data."""
     x, y = _data(size, size.steps)
     dataset = in_memory_dataset((x, y), size.batch)
@@ -92,7 +92,7 @@ def approaches(size):
     def tapeworks_setup():
         # "auto" measures its first calls; train until it has chosen, and
         # record what that cost, as part of the results.
-        notes = settle_trainer(trainer, dataset)
+        notes = settle_trainer(trainer, dataset, **(QUICK_SETTLING if quick else {}))
         tuning = trainer.tuning
         return dict(notes, reason=tuning["reason"])
 
@@ -215,7 +215,7 @@ def run(quick=False, repeats=5):
     rows, facts = [], {"float32 matmul peak (GFLOP/s)": peak,
                        "memory bandwidth, streaming (GB/s)": bandwidth}
     for size in sizes:
-        results = alternate(approaches(size), repeats)
+        results = alternate(approaches(size, quick), repeats)
         base = results[BASELINE]["samples_per_s"]
         ceiling = max(results[name]["samples_per_s"] for name in CEILINGS.values())
         ours = results[TAPEWORKS]["samples_per_s"]
