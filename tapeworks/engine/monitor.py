@@ -2,22 +2,26 @@
 
 The statistics are computed in the graph, but not in the step every call
 runs: the Trainer compiles a second variant of the train step whose updates
-are wrapped by `GradientMonitor.record`, and makes it the last step of the
-call that reaches each k-th step (steps per call are capped at k; with
-accumulation, the call ends on the step that closes a window). The other
-steps run the plain step, so monitoring costs a host read every k steps and
-calls no longer than k, not a branch in every step. (A `tf.cond` around the
-optimizer in every step costs tens of microseconds on CPU:
-`tapeworks bench diagnose`.)
+are wrapped by `GradientMonitor.record`, and the loop runs that variant on
+the monitored steps only, in segments: plain steps up to the next monitored
+step, the monitored step, plain steps again (`step.make_loop`), at most
+`RECORDS_PER_CALL` monitored steps in a call. So monitoring costs neither a
+branch in every step (a `tf.cond` around the optimizer in every step costs
+tens of microseconds on CPU: `tapeworks bench diagnose`) nor calls shorter
+than "auto" chose (each call costs about 2 ms in TensorFlow itself). The
+monitored step is the k-th step (with accumulation: the first step at or
+after it that closes a window).
 
 For each update, `record` keeps in variables each trainable variable's
 gradient norm (as computed, before clipping), its norm before the update and
-the norm of what the update changed; the host groups them by layer
-(`layer_stats`): a layer's norm is the root of the sum of its variables'
-squared norms, and its update ratio is |delta w| / |w|. `MonitorReport` keeps
-the history, writes TensorBoard scalars (and gradient histograms when the
-TensorBoard callback asks for histograms) and warns when a layer's gradient
-norm explodes (over 100x its running median) or vanishes (under 1/100 of it).
+the norm of what the update changed, in the next of `RECORDS_PER_CALL` slots;
+the host reads the slots a call filled (`layer_stats`) and groups them by
+layer: a layer's norm is the root of the sum of its variables' squared
+norms, and its update ratio is |delta w| / |w|. `MonitorReport` keeps the
+history, writes TensorBoard scalars (and, for a call's last record, gradient
+histograms when the TensorBoard callback asks for histograms) and warns when
+a layer's gradient norm explodes (over 100x its running median) or vanishes
+(under 1/100 of it).
 """
 
 import math
@@ -35,6 +39,9 @@ from tapeworks.errors import CorrectnessWarning, warn
 EXPLODE_FACTOR = 100.0
 WINDOW = 20
 MIN_HISTORY = 3
+# Monitored steps one call can hold (slots of statistics, read after each
+# call); a call that would hold more ends on the last of them.
+RECORDS_PER_CALL = 4
 
 
 class GradientMonitor(tf.Module):
@@ -44,10 +51,12 @@ class GradientMonitor(tf.Module):
         super().__init__(name="gradient_monitor")
         # The model's variables, not this module's (see `Untracked`).
         self._held = gradient_health.Untracked(variables)
-        # Rows: gradient norm, weight norm (before the update), update norm;
-        # one column per variable. One variable: the host reads it at once.
-        self.stats = tf.Variable(tf.zeros([3, len(self._held.items)]), trainable=False,
-                                 name="monitor_stats")
+        # Per slot, rows: gradient norm, weight norm (before the update),
+        # update norm; one column per variable. One variable: the host reads
+        # a call's records at once.
+        self.stats = tf.Variable(tf.zeros([RECORDS_PER_CALL, 3, len(self._held.items)]),
+                                 trainable=False, name="monitor_stats")
+        # Records made so far; record r is in slot r % RECORDS_PER_CALL.
         self.records = tf.Variable(0, dtype=tf.int64, trainable=False, name="records")
         self.gradients = None   # copies of the gradients, for histograms (`keep_gradients`)
 
@@ -85,10 +94,15 @@ class GradientMonitor(tf.Module):
             [a - b for a, b in zip(after, before)], xla=xla)
         position = {id(v): i for i, v in enumerate(variables)}
         if self._held.items:
-            self.stats.assign(tf.stack([
+            record = tf.stack([
                 tf.stack([values[position[id(v)]] if id(v) in position else tf.constant(0.0)
                           for v in self._held.items])
-                for values in (grad_norms, weight_norms, update_norms)]))
+                for values in (grad_norms, weight_norms, update_norms)])
+            # A dynamic slot, written as a scatter (XLA takes it; a sliced
+            # assign needs constant bounds there).
+            slot = tf.math.floormod(self.records, RECORDS_PER_CALL)
+            self.stats.assign(tf.tensor_scatter_nd_update(
+                self.stats, tf.reshape(slot, [1, 1]), record[tf.newaxis]))
         if self.gradients is not None:
             for buffer, v in zip(self.gradients, self._held.items):
                 if id(v) in position:
@@ -97,11 +111,15 @@ class GradientMonitor(tf.Module):
         self.records.assign_add(1)
 
 
-def layer_stats(monitors, owner_of):
-    """On the host: `{layer: {"gradient_norm", "weight_norm", "update_ratio"}}` from the monitors."""
+def layer_stats(monitors, owner_of, record):
+    """On the host: `{layer: {"gradient_norm", "weight_norm", "update_ratio"}}` of record `record`.
+
+    `record` counts the records made (0-based), at most `RECORDS_PER_CALL`
+    back from the last: its slot is `record % RECORDS_PER_CALL`.
+    """
     sums = {}
     for monitor in monitors:
-        gradient, weight, update = monitor.stats.numpy()
+        gradient, weight, update = monitor.stats.numpy()[record % RECORDS_PER_CALL]
         for variable, g, w, u in zip(monitor.watched, gradient, weight, update):
             layer = owner_of.get(id(variable))
             name = layer.name if layer is not None else variable.path.rsplit("/", 1)[0]
@@ -136,18 +154,25 @@ class MonitorReport:
                 for layer, values in self.history[-1]["layers"].items()
                 for key, value in values.items()}
 
-    def write_tensorboard(self, callbacks, monitors, step):
-        """Scalars (and gradient histograms, if kept) into each TensorBoard callback's train log."""
+    def write_tensorboard(self, callbacks, monitors, count):
+        """The last `count` records' scalars into each TensorBoard callback's train log.
+
+        And the gradient histograms, if kept: the buffers hold the last
+        monitored step's gradients, so they go with the last record.
+        """
         boards = [c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)]
-        if not boards or not self.history:
+        records = self.history[-count:] if count else []
+        if not boards or not records:
             return
         for board in boards:
             # Keras' TensorBoard has no public writer; `_train_writer` is the
             # one it writes its own train scalars to, so these land beside them.
-            with board._train_writer.as_default(step=step):
-                for layer, values in self.history[-1]["layers"].items():
-                    for key, value in values.items():
-                        tf.summary.scalar(f"monitor/{key}/{layer}", value)
+            for record in records:
+                with board._train_writer.as_default(step=record["step"]):
+                    for layer, values in record["layers"].items():
+                        for key, value in values.items():
+                            tf.summary.scalar(f"monitor/{key}/{layer}", value)
+            with board._train_writer.as_default(step=records[-1]["step"]):
                 for monitor in monitors:
                     if monitor.gradients is None:
                         continue

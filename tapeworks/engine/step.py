@@ -26,6 +26,7 @@ import keras
 import tensorflow as tf
 
 from tapeworks.engine import gradient_health, guards, replicas
+from tapeworks.engine.monitor import RECORDS_PER_CALL
 from tapeworks.engine.precision import all_finite
 from tapeworks.engine.task import batch_size as task_batch_size
 from tapeworks.engine.task import layers_of
@@ -562,8 +563,8 @@ def reduce_step_outputs(strategy, *, with_extra):
 
 
 def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=None,
-              should_continue=None, last_step=None, rollback=None):
-    """Layer 3: `loop(iterator, num_steps) -> (steps, samples, logs[, last batch])`.
+              should_continue=None, monitored_step=None, rollback=None):
+    """Layer 3: `loop(iterator, num_steps[, monitored_at]) -> (steps, samples, logs[, last batch])`.
 
     `one_step(batch)` is layer 2 (`replicate`): the step on every replica,
     returning the batch size summed over them (with `on_outputs`: and the
@@ -578,9 +579,13 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
     each step), the loop also stops when it turns false, and returns the last
     batch it drew as a `tf.experimental.Optional` (carried through the loop
     as a loop variable: no copy, no branch), for the host to look at. With
-    `last_step`, the call's last step runs that step function instead of
-    `one_step` (the monitored variant of the step: `monitor_every`), after
-    the loop, so no step pays a branch for it. With `rollback`
+    `monitored_step` (the monitored variant of the step: `monitor_every`),
+    the loop takes `monitored_at`, an int64 vector of
+    `monitor.RECORDS_PER_CALL` step indices within the call, ascending (an
+    index from `num_steps` on marks an unused entry), and runs that step
+    function at those steps instead of `one_step`: the call runs in
+    segments, plain steps in a loop up to the next monitored step, then the
+    monitored step, so no step pays a branch for it. With `rollback`
     (`rollback.CallSnapshot`, one device only), the call first copies the
     variables a step changes and returns, last, whether none of them turned
     non-finite (the non-finite guard's fast path).
@@ -610,29 +615,35 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
         going = tf.logical_and(steps < limit, tf.logical_not(exhausted))
         return tf.logical_and(going, should_continue()) if keep_last else going
 
-    def loop(iterator, num_steps):
-        plain_steps = num_steps - 1 if last_step is not None else num_steps
-
+    def plain_steps(iterator, limit, carried):
+        """`one_step` while under `limit` steps, data is left and (with a halt) no halt."""
         def body(steps, samples, exhausted, *last):
             return draw_and_run(one_step, iterator, steps, samples)
 
         def go_on(steps, samples, exhausted, *last):
-            return going_on(steps, exhausted, plain_steps)
+            return going_on(steps, exhausted, limit)
 
-        start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
+        return tf.while_loop(go_on, body, carried)
+
+    def loop(iterator, num_steps, monitored_at=None):
+        carried = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
         if keep_last:
-            start += (tf.experimental.Optional.empty(iterator.element_spec),)
+            carried += (tf.experimental.Optional.empty(iterator.element_spec),)
         if rollback is not None:
             # Ordered before the loop's first read of the same variables by
             # tf.function's automatic control dependencies.
             rollback.take()
-        carried = tf.while_loop(go_on, body, start)
-        if last_step is not None:
-            steps, samples, exhausted, *last = carried
-            carried = tf.cond(going_on(steps, exhausted, num_steps),
-                              lambda: draw_and_run(last_step, iterator, steps, samples),
-                              lambda: tuple(carried))
-        steps, samples, _, *last = carried
+        if monitored_step is not None:
+            for index in range(RECORDS_PER_CALL):
+                at = monitored_at[index]
+                carried = plain_steps(iterator, tf.minimum(at, num_steps), carried)
+                steps, samples, exhausted, *last = carried
+                carried = tf.cond(
+                    tf.logical_and(at < num_steps, going_on(steps, exhausted, at + 1)),
+                    lambda steps=steps, samples=samples: draw_and_run(
+                        monitored_step, iterator, steps, samples),
+                    lambda carried=carried: tuple(carried))
+        steps, samples, _, *last = plain_steps(iterator, num_steps, carried)
         if rollback is not None:
             return (steps, samples, results(), rollback.intact())
         return (steps, samples, results(), *last)
@@ -673,14 +684,17 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
             go_on, body, (steps, samples, draw_if(due(steps)), last))
         return steps, samples, last
 
-    def replicated_loop(iterator, num_steps):
-        plain_steps = num_steps - 1 if last_step is not None else num_steps
+    def replicated_loop(iterator, num_steps, monitored_at=None):
         last = tf.experimental.Optional.empty(iterator.element_spec)
-        carried = replicated_steps(one_step, iterator, plain_steps,
-                                   tf.constant(0, tf.int64), tf.constant(0, tf.int64), last)
-        if last_step is not None:
-            # At most one step, as a loop too: no branch around the step.
-            carried = replicated_steps(last_step, iterator, num_steps, *carried)
+        carried = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), last)
+        if monitored_step is not None:
+            for index in range(RECORDS_PER_CALL):
+                at = tf.minimum(monitored_at[index], num_steps)
+                carried = replicated_steps(one_step, iterator, at, *carried)
+                # At most one step, as a loop too: no branch around the step.
+                carried = replicated_steps(monitored_step, iterator,
+                                           tf.minimum(at + 1, num_steps), *carried)
+        carried = replicated_steps(one_step, iterator, num_steps, *carried)
         steps, samples, last = carried
         return (steps, samples, results(), *((last,) if keep_last else ()))
 

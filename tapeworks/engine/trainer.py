@@ -125,14 +125,17 @@ class Trainer:
             None turns the check off.
         monitor_every: every this many steps, compute each layer's gradient
             norm, weight norm and update/weight ratio in the graph (on a
-            variant of the step run for that one step; the other steps are
-            untouched), keep them in `trainer.monitor_history`, add them to
+            variant of the step run for that one step, inside the same call;
+            the other steps are untouched), keep them in
+            `trainer.monitor_history`, add them to
             the logs (`gradient_norm/<layer>`, `weight_norm/<layer>`,
             `update_ratio/<layer>`), write them to TensorBoard when a
             `keras.callbacks.TensorBoard` is among the callbacks (with
             gradient histograms when its `histogram_freq` > 0), and warn when
             a layer's gradient norm explodes (100x its running median) or
-            vanishes (1/100). Steps per call are capped at this number.
+            vanishes (1/100). The monitored steps are the k-th (with
+            accumulation, the first step at or after each that closes a
+            window); histograms are of a call's last monitored step.
         strategy: a `tf.distribute` strategy to train under. Default: the
             strategy whose scope the Trainer is created in; with none,
             `tapeworks.distribute.choose()` (TF_CONFIG naming several workers:
@@ -287,13 +290,12 @@ class Trainer:
         self.dead_gradient_steps = dead_gradient_steps
         _check_count("monitor_every", monitor_every,
                      "Fix: e.g. monitor_every=100 computes the per-layer gradient statistics "
-                     "on every 100th step.",
-                     steps_per_call, "monitored steps would be further apart than asked")
+                     "on every 100th step.")
         self.monitor_every = monitor_every
         self._monitors = []           # one GradientMonitor per update, created in _build
         self._monitor_report = monitor_lib.MonitorReport()
         self._host_step = 0           # the step counter as the host last knew it
-        self._monitor_next = None     # the step at which the next monitored call is due
+        self._monitor_next = None     # the k-th step due to be monitored next
         self._monitor_records = 0     # the first monitor's records, as last read
         self._owners = None           # id(variable) -> its layer (`_layer_owners`)
         self._dead = []               # one DeadGradients per update, created in _build
@@ -784,8 +786,9 @@ class Trainer:
         if self._planner is None:
             self._planner = autotune.CallPlanner(
                 self._jit_setting, self._steps_setting,
-                max_steps=min(filter(None, (self.capture_every, self.monitor_every)),
-                              default=None),
+                # Captures are copied on every k-th step into one buffer,
+                # read after the call: calls of at most k steps.
+                max_steps=self.capture_every,
                 xla_available=not self.run_eagerly and not self.deterministic
                 and not replicas.is_replicated(self._strategy) and all(
                     _model_supports_xla(m) for m in self.task.models),
@@ -829,9 +832,7 @@ class Trainer:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
-            monitored = self._monitor_due(probe, num_steps)
-            if monitored:
-                num_steps = self._monitored_call_steps(num_steps)
+            monitored, num_steps = self._monitored_steps(probe, num_steps)
             iterator = batches.iterator()
             callback_list.on_train_batch_begin(steps_done)
             try:
@@ -849,7 +850,8 @@ class Trainer:
                 # call is part of what training with the monitor costs.
                 self._planner.record(probe, num_steps, ran, samples, seconds)
                 if monitored:
-                    call_logs.update(self._deliver_monitor(callback_list))
+                    call_logs.update(self._deliver_monitor(callback_list, monitored,
+                                                           self._host_step - ran))
                 if self._plan_cache is not None and self._plan_key is None:
                     # The batch size was not known before: now it is.
                     self._use_plan_cache(samples // ran)
@@ -885,15 +887,17 @@ class Trainer:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
         return steps_done, samples_done, logs
 
-    def _run_train_call(self, probe, iterator, num_steps, steps_done=0, monitored=False,
+    def _run_train_call(self, probe, iterator, num_steps, steps_done=0, monitored=None,
                         batches=None):
+        """One call of the train loop; `monitored`: the indices of its monitored steps."""
         if probe.first:
-            return self._run_first_step(probe.jit, iterator, steps_done)
+            return self._run_first_step(probe.jit, iterator, steps_done, bool(monitored))
         fast = self._fast_guard(probe.jit, batches)
-        loop = self._loop("train", probe.jit, monitored, fast)
+        loop = self._loop("train", probe.jit, bool(monitored), fast)
         start = time.perf_counter()
         with guards.inside_step():
-            ran, samples, logs, *last = loop(iterator, tf.constant(num_steps, tf.int64))
+            ran, samples, logs, *last = loop(iterator, tf.constant(num_steps, tf.int64),
+                                             *_monitored_at(monitored, num_steps))
         # Reading the results is the call's one host sync.
         ran, samples = int(ran), int(samples)
         seconds = time.perf_counter() - start
@@ -950,7 +954,7 @@ class Trainer:
         if len(self._mutable_variables()) != len(self._snapshot.variables):
             self._fast_guard_off = "variables were created during the first step"
 
-    def _replay_call(self, jit, batches, ran, steps_done, monitored=False):
+    def _replay_call(self, jit, batches, ran, steps_done, monitored=None):
         """A fast call ended with a non-finite variable: replays it with the guarded step.
 
         Every variable goes back to the call's start, and the call's batches
@@ -968,9 +972,13 @@ class Trainer:
         iterator = batches.replay()
         batches.adopt(iterator)
         bad_before = int(self._guard.count.numpy())
-        loop = self._loop("train", jit, monitored)
+        for monitor in self._monitors:
+            # The replay makes the call's records again, into the same slots.
+            monitor.records.assign(self._monitor_records)
+        loop = self._loop("train", jit, bool(monitored))
         with guards.inside_step():
-            ran, samples, logs, *last = loop(iterator, tf.constant(ran, tf.int64))
+            ran, samples, logs, *last = loop(iterator, tf.constant(ran, tf.int64),
+                                             *_monitored_at(monitored, ran))
         ran, samples = int(ran), int(samples)
         if int(self._guard.count.numpy()) == bad_before:
             # No step was bad: something else held a NaN or Inf (a value
@@ -1078,42 +1086,48 @@ class Trainer:
                      f"Fix: check `decay_steps` of the {type(schedule).__name__} (e.g. "
                      "epochs x steps per epoch).", CorrectnessWarning)
 
-    def _monitor_due(self, probe, num_steps):
-        """Whether the next call ends in the monitored step (`monitor_every`).
+    def _monitored_steps(self, probe, num_steps):
+        """The indices of the next call's monitored steps (`monitor_every`), and its length.
 
-        The monitored step is the last step of the first call that reaches
-        the next k-th step (steps per call are capped at k); a mode's first
-        call (one step drawn on its own while tuning) leaves it to the next.
-        The next k-th step is worked out from the step counter when unknown
-        (at a fit's start, after a record); it is kept while a monitored call
-        ends before its last step (the data ran out), so it stays due.
+        A monitored step is the k-th step, or with accumulation the first
+        step at or after it that closes a window; the next is the first such
+        step after it. A call holds at most `monitor.RECORDS_PER_CALL` of
+        them and then ends on the last (a mode's first call while tuning is
+        one step, monitored when due). The next k-th step
+        due is worked out from the step counter when unknown (at a fit's
+        start) and moves on only with the records made, so a step the data
+        did not reach stays due.
         """
-        if not self._monitors or probe.first:
-            return False
+        if not self._monitors:
+            return None, num_steps
+        every = self.monitor_every
         if self._monitor_next is None:
-            every = self.monitor_every
             self._monitor_next = (self._host_step // every + 1) * every - 1
-        return self._host_step + num_steps - 1 >= self._monitor_next
+        pending = int(self.states[0].micro_step.numpy()) if self.accumulate > 1 else 0
+        due, positions = self._monitor_next, []
+        for index in range(num_steps):
+            step = self._host_step + index
+            if step >= due and (pending + index + 1) % self.accumulate == 0:
+                positions.append(index)
+                due = _next_kth_step(step, every)
+                if len(positions) == monitor_lib.RECORDS_PER_CALL:
+                    return positions, index + 1
+        return positions or None, num_steps
 
-    def _monitored_call_steps(self, num_steps):
-        """With accumulation, a call length whose last step closes a window (it is monitored)."""
-        if self.accumulate == 1:
-            return num_steps
-        pending = int(self.states[0].micro_step.numpy())
-        fitting = num_steps - (pending + num_steps) % self.accumulate
-        return fitting if fitting >= 1 else self.accumulate - pending
-
-    def _deliver_monitor(self, callback_list):
-        """After a monitored call: statistics per layer into the history, logs and TensorBoard."""
+    def _deliver_monitor(self, callback_list, positions, call_start):
+        """After a monitored call: its records per layer into the history, logs and TensorBoard."""
         records = int(self._monitors[0].records.numpy())
-        if records == self._monitor_records:
+        made = records - self._monitor_records
+        if not made:
             return {}   # the data ended before the monitored step: it stays due
+        owners = self._layer_owners()
+        for index in range(made):
+            step = call_start + positions[index]
+            stats = monitor_lib.layer_stats(self._monitors, owners, self._monitor_records + index)
+            self._monitor_report.add(step, stats)
         self._monitor_records = records
-        self._monitor_next = None   # the next k-th step after this one (`_monitor_due`)
-        last = self._host_step - 1
-        stats = monitor_lib.layer_stats(self._monitors, self._layer_owners())
-        self._monitor_report.add(last, stats)
-        self._monitor_report.write_tensorboard(callback_list.callbacks, self._monitors, last)
+        self._monitor_next = _next_kth_step(step, self.monitor_every)
+        self._monitor_report.write_tensorboard(callback_list.callbacks, self._monitors, made)
         return self._monitor_report.logs()
 
     def _layer_owners(self):
@@ -1168,13 +1182,13 @@ class Trainer:
                  "(on_nonfinite=\"warn\"). Fix: on_nonfinite=\"raise\" names where the "
                  "values turn non-finite.", CorrectnessWarning)
 
-    def _run_first_step(self, jit, iterator, steps_done=0):
+    def _run_first_step(self, jit, iterator, steps_done=0, monitored=False):
         """A mode's first (untimed) call while tuning: one step on a batch drawn here.
 
         Drawing the batch outside the compiled loop means that when XLA
         cannot compile the step (an op without an XLA kernel, found only when
         the step first runs), the same batch is trained on without XLA:
-        measuring never loses data.
+        measuring never loses data. `monitored`: the step is a monitored one.
         """
         optional = iterator.get_next_as_optional()
         if not optional.has_value():
@@ -1183,7 +1197,8 @@ class Trainer:
         start = time.perf_counter()
 
         def one_step(mode):
-            return self._split_capture(self._replicated_step("train", mode)(batch))
+            return self._split_capture(
+                self._replicated_step("train", mode, monitored=monitored)(batch))
 
         with guards.inside_step():
             try:
@@ -1883,9 +1898,10 @@ class Trainer:
                 on_outputs=self._record_capture if capture else None,
                 should_continue=self._guard.should_continue if halts else None,
                 rollback=self._snapshot if fast else None,
-                last_step=(self._replicated_step(kind, jit, monitored=True, guarded=not fast)
-                           if monitored
-                           else None))
+                monitored_step=(self._replicated_step(kind, jit, monitored=True,
+                                                      guarded=not fast)
+                                if monitored
+                                else None))
         return self._loops[key]
 
     def _iterate(self, dataset):
@@ -1951,6 +1967,23 @@ class Trainer:
         logs = self._results()
         logs.update(self._guard.logs())
         return logs
+
+
+def _next_kth_step(step, every):
+    """The first step after `step` (0-based) that is a multiple of `every` when counted from 1."""
+    return ((step + 1) // every + 1) * every - 1
+
+
+def _monitored_at(positions, num_steps):
+    """The monitored loop's `monitored_at` argument: `positions`, padded to its fixed length.
+
+    An entry at `num_steps` or beyond is unused. No argument when the call
+    monitors nothing (the plain loop).
+    """
+    if not positions:
+        return ()
+    padded = list(positions) + [num_steps] * (monitor_lib.RECORDS_PER_CALL - len(positions))
+    return (tf.constant(padded, tf.int64),)
 
 
 def _check_count(name, value, meaning, steps_per_call=None, too_many=None):

@@ -169,20 +169,46 @@ def test_monitor_values_equal_norms_computed_by_hand(mode):
         assert history.history[f"gradient_norm/{layer}"][0] == pytest.approx(grad, rel=1e-5)
 
 
-def test_monitor_runs_every_k_steps_without_changing_training():
+@pytest.mark.parametrize("steps_per_call", [2, 8])
+def test_monitor_runs_every_k_steps_without_changing_training(steps_per_call):
     x, y = regression_data(64, features=3, outputs=2)
-    plain = Trainer(small_model(), "adam", "mse", steps_per_call=2, jit_compile=False)
+    plain = Trainer(small_model(), "adam", "mse", steps_per_call=steps_per_call,
+                    jit_compile=False)
     plain.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
-    monitored = Trainer(small_model(), "adam", "mse", steps_per_call=2, monitor_every=3,
-                        jit_compile=False)
+    monitored = Trainer(small_model(), "adam", "mse", steps_per_call=steps_per_call,
+                        monitor_every=3, jit_compile=False)
     monitored.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
-    # The monitored step ends the first call (of 2 steps) that reaches each 3rd step.
-    assert [r["step"] for r in monitored.monitor_history] == [3, 5, 9, 11, 15]
+    # Every 3rd step, inside calls of 2 steps and of 8 (up to three monitored
+    # steps in one call, between plain ones).
+    assert [r["step"] for r in monitored.monitor_history] == [2, 5, 8, 11, 14]
     for a, b in zip(plain.model.get_weights(), monitored.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     # Adam's first steps move each weight by about lr: ratios are small and positive.
     assert all(0 < s["update_ratio"] < 0.1 for r in monitored.monitor_history
                for s in r["layers"].values())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_each_monitored_step_of_a_call_keeps_its_own_statistics(mode):
+    # monitor_every=1 with 6 steps per call: every step is monitored, four
+    # records a call at most (the call then ends on the fourth). SGD moves
+    # each weight by lr x its gradient, so each record's update norm is lr
+    # times its own gradient norm, whatever slot it was kept in.
+    x, y = regression_data(48, features=3, outputs=2)
+    lr = 0.1
+    trainer = trainer_in(mode, small_model(), keras.optimizers.SGD(lr), "mse",
+                         monitor_every=1, steps_per_call=6, dead_gradient_steps=None)
+    trainer.fit((x, y), batch_size=8, epochs=1, verbose=0, shuffle=False)
+    history = trainer.monitor_history
+    assert [r["step"] for r in history] == list(range(6))
+    for record in history:
+        for stats in record["layers"].values():
+            assert stats["update_ratio"] * stats["weight_norm"] == pytest.approx(
+                lr * stats["gradient_norm"], rel=1e-4)
+    # The weights move from record to record: no slot was read twice.
+    norms = [r["layers"]["first"]["weight_norm"] for r in history]
+    assert len(set(norms)) == len(norms)
+    assert int(trainer.optimizer.iterations) == 6
 
 
 def test_monitor_with_accumulation_sees_the_window_gradient():
@@ -235,8 +261,8 @@ def test_monitor_warns_when_a_layer_explodes_or_vanishes():
 def test_monitor_every_is_validated():
     with pytest.raises(ConfigError, match="monitor_every"):
         Trainer(small_model(), "sgd", "mse", monitor_every=0)
-    with pytest.raises(ConfigError, match="steps_per_call` \\(8\\) is larger than `monitor_every"):
-        Trainer(small_model(), "sgd", "mse", monitor_every=4, steps_per_call=8)
+    # Calls longer than monitor_every hold several monitored steps.
+    Trainer(small_model(), "sgd", "mse", monitor_every=4, steps_per_call=8)
     with pytest.raises(ConfigError, match="larger than `capture_every` \\(4\\): a call would "
                                           "hold several captures"):
         Trainer(small_model(), "sgd", "mse", capture_every=4, steps_per_call=8)

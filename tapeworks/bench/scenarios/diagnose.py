@@ -83,9 +83,6 @@ def run(quick=False, repeats=5):
 
         def trained(checks, name, fixed):
             fixed_mode = dict(mode) if fixed else {}
-            if fixed and checks == "monitored":
-                # Steps per call are capped at monitor_every.
-                fixed_mode["steps_per_call"] = min(mode["steps_per_call"], MONITOR_EVERY)
             trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
                               plan_cache=False, **CHECKS[checks], **fixed_mode)
             if checks == "stepwise":
