@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("accumulate=4 vs plain throughput; peak memory of accumulate=8 at B vs "
@@ -144,8 +144,7 @@ def run(quick=False, repeats=5):
         def setup(trainer=trainer):
             # Short settling for the quick (test) run: there "auto" keeps XLA modes
             # waiting (epochs too short to repay them), so settling would run to max_epochs.
-            return settle_trainer(trainer, dataset, long_fit_seconds=1.0 if quick else 20.0,
-                                  max_epochs=5 if quick else 60)
+            return settle_trainer(trainer, dataset, **(QUICK_SETTLING if quick else {}))
 
         approaches.append(Approach(
             f"accumulate={accumulate}, micro-batch {micro}" if accumulate > 1

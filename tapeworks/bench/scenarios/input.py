@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tapeworks import data
 from tapeworks.data.pipeline import parallelism_choices
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("convnet with CPU-heavy augmentation: naive pipeline vs tapeworks.data.pipeline "
@@ -93,9 +93,8 @@ def run(quick=False, repeats=5):
                                                    verbose=0), samples * EPOCHS_PER_REPEAT)[1],
                         # Up to 120 epochs: enough for the input planner to
                         # have tried every way (a second of epochs each).
-                        setup=lambda: settle_trainer(
-                            trainer, dataset, max_epochs=120,
-                            long_fit_seconds=1.0 if quick else 20.0))
+                        setup=lambda: settle_trainer(trainer, dataset, **dict(
+                            QUICK_SETTLING if quick else {}, max_epochs=120)))
 
     def alone(dataset_of):
         def iterate():

@@ -13,7 +13,7 @@ from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.peak import matmul_peak_gflops
 from tapeworks.bench.scenarios.accumulate import build_convnet
 from tapeworks.bench.scenarios.loops import build_mlp
-from tapeworks.bench.timing import Approach, alternate, settle_trainer
+from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("float32 vs mixed_bfloat16 vs mixed_float16 (and \"auto\"), tapeworks and "
@@ -52,8 +52,7 @@ def _approaches(build, shape, batch, steps, quick=False):
         def setup(trainer=trainer):
             # Short settling for the quick (test) run: there "auto" keeps XLA modes
             # waiting (epochs too short to repay them), so settling would run to max_epochs.
-            notes = settle_trainer(trainer, dataset, long_fit_seconds=1.0 if quick else 20.0,
-                                   max_epochs=5 if quick else 60)
+            notes = settle_trainer(trainer, dataset, **(QUICK_SETTLING if quick else {}))
             return dict(notes, precision=trainer.precision.policy)
 
         out.append(Approach(f"tapeworks precision={precision}",
