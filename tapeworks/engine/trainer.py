@@ -1103,9 +1103,11 @@ class Trainer:
         every = self.monitor_every
         if self._monitor_next is None:
             self._monitor_next = (self._host_step // every + 1) * every - 1
-        pending = int(self.states[0].micro_step.numpy()) if self.accumulate > 1 else 0
         due, positions = self._monitor_next, []
-        for index in range(num_steps):
+        if self._host_step + num_steps <= due:
+            return None, num_steps   # the call ends before the due step: no device read
+        pending = int(self.states[0].micro_step.numpy()) if self.accumulate > 1 else 0
+        for index in range(max(0, due - self._host_step), num_steps):
             step = self._host_step + index
             if step >= due and (pending + index + 1) % self.accumulate == 0:
                 positions.append(index)

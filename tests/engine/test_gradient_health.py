@@ -211,6 +211,19 @@ def test_each_monitored_step_of_a_call_keeps_its_own_statistics(mode):
     assert int(trainer.optimizer.iterations) == 6
 
 
+@pytest.mark.parametrize("steps_per_call", [2, 8])
+def test_with_accumulation_the_monitored_step_is_the_first_window_close_after_each_kth(
+        steps_per_call):
+    # accumulate=4: windows close at steps 3, 7, 11, 15; monitor_every=3: the
+    # 3rd steps are 2, 5, 8, 11, 14. With 2 steps per call, step 5 is due when
+    # a call ends at step 5 and its window closes in the next call, at 7.
+    x, y = regression_data(128, features=3, outputs=2)
+    trainer = Trainer(small_model(), "sgd", "mse", accumulate=4, monitor_every=3,
+                      steps_per_call=steps_per_call, jit_compile=False)
+    trainer.fit((x, y), batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert [r["step"] for r in trainer.monitor_history] == [3, 7, 11, 15]
+
+
 def test_monitor_with_accumulation_sees_the_window_gradient():
     x, y = regression_data(16, features=3, outputs=2)
     model = small_model()
