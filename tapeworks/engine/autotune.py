@@ -54,9 +54,12 @@ import statistics
 
 PROBE_STEPS = 8          # the least second number of steps per call probed
 PROBE_SECONDS = 0.02     # ... raised until such a call lasts about this long
-ROUNDS = 5               # timed repeats of each probe (medians of these; with tf.data's
-                         # autotuning model on, steps flip between two speeds, so three
-                         # were too few)
+ROUNDS = 5               # timed repeats of each probe at most (medians of these; with
+                         # tf.data's autotuning model on, steps flip between two speeds, so
+                         # three were too few)
+MIN_ROUNDS = 2           # ... and at least: rounds stop early once the answer is clear
+SETTLED_SPREAD = 0.05    # a mode's rounds are clear when each probe's timings lie within
+                         # this share of their least
 OVERHEAD_SHARE = 0.005   # target share of a call spent on per-call overhead (at 2%:
                          # 5 steps per call on the large MLP of `bench loops`, 10,846
                          # samples/s against 10,935 for Keras' fit with 32 steps per
@@ -267,8 +270,13 @@ class CallPlanner:
         elif self._is_full(requested, ran, samples):
             if self._candidate is None:
                 self._calls.setdefault(probe.jit, []).append((ran, samples, seconds))
+                if self._rounds_are_clear(probe.jit):
+                    self._queue = [p for p in self._queue
+                                   if not (p.kind == TIMED and p.jit == probe.jit)]
             else:
                 self._checks.setdefault((probe.jit, probe.steps), []).append(seconds / samples)
+                if self._check_is_clear():
+                    self._queue = [p for p in self._queue if p.kind != TIMED]
         elif probe.attempt < MAX_RETRIES:
             # Cut short by the end of the data, or a smaller last batch: its
             # time does not describe a full call. Run it again.
@@ -358,6 +366,45 @@ class CallPlanner:
             options[1] = max(options[1], min(wanted, self._max_steps, self._cap))
         return [Probe(mode, n) for _ in range(ROUNDS) for n in options]
 
+    def _this_runs_calls(self, mode):
+        calls = self._calls.get(mode, [])
+        return calls[self._restored_calls:] if mode is False else calls
+
+    def _rounds_are_clear(self, mode):
+        """Whether `mode`'s timed rounds so far already tell its speed.
+
+        After at least MIN_ROUNDS complete rounds, when each probe's timings
+        lie within SETTLED_SPREAD of each other, more rounds would only
+        repeat them: the rest are dropped, and the steps they would have run
+        train in the next mode (for a large model's 0.1 s steps, three more
+        rounds of 1 and 8 steps are 27 steps in a mode that may be the
+        slowest). Tiny models' millisecond calls rarely settle that tightly
+        and keep all ROUNDS, which cost them little.
+        """
+        by_steps = {}
+        for n, _, seconds in self._this_runs_calls(mode):
+            by_steps.setdefault(n, []).append(seconds)
+        counts = {len(v) for v in by_steps.values()}
+        if len(counts) != 1 or min(counts) < MIN_ROUNDS:
+            return False   # a round is not complete yet
+        if self._fixed_steps is None and len(by_steps) < 2:
+            return False
+        return all(max(v) <= min(v) * (1 + SETTLED_SPREAD) for v in by_steps.values())
+
+    def _check_is_clear(self):
+        """Whether the winner's check against one-step tf.function is already decided.
+
+        After MIN_ROUNDS complete rounds, when every call of one is faster
+        per sample than every call of the other, the medians cannot change
+        sides in the rounds left.
+        """
+        chosen = self._checks.get((self._candidate.jit_compile,
+                                   self._candidate.steps_per_call), [])
+        baseline = self._checks.get((False, 1), [])
+        if len(chosen) != len(baseline) or len(chosen) < MIN_ROUNDS:
+            return False
+        return max(chosen) < min(baseline) or min(chosen) > max(baseline)
+
     def _after_mode(self):
         """A mode's timed rounds are done: try the next XLA mode that can pay, or choose."""
         if self._candidate is not None:
@@ -412,12 +459,16 @@ class CallPlanner:
         if not self.steps_before:
             return True
         probe = max((n for n, _, _ in self._calls.get(False, [])), default=PROBE_STEPS)
+        # As many rounds as tf.function's took (on the same machine, the
+        # same noise; `_rounds_are_clear`).
+        rounds = sum(1 for n, _, _ in self._calls.get(False, []) if n == 1)
+        rounds = min(max(rounds, MIN_ROUNDS), ROUNDS)
         # Its start, the timed rounds of 1 and `probe` steps, and the check
         # of the winner against one-step tf.function, whose calls run the
         # winner's steps per call: unknown before the trial (a faster step
         # needs more of them to hide the same overhead), at most the cap
         # (half an epoch when the epoch's length is known).
-        trial = 2 + ROUNDS * (1 + probe) + ROUNDS * (1 + max(probe, self._max_steps))
+        trial = 2 + rounds * (1 + probe) + rounds * (1 + max(probe, self._max_steps))
         return (self.remaining_steps or 0) >= trial
 
     def _still_worth_it(self, mode, first_seconds):
@@ -479,7 +530,11 @@ class CallPlanner:
                                      self._candidate.steps_per_call))
         baseline = self._median_check((False, 1))
         if chosen is not None and baseline is not None and chosen > baseline:
-            self.choice = Choice(False, 1, (
+            # tf.function at its own measured steps per call: those were
+            # timed against one step in the same alternating rounds.
+            fallback = self._estimate(False)
+            steps = fallback[1].steps_per_call if fallback else 1
+            self.choice = Choice(False, steps, (
                 f"the measured best ({self._candidate.reason}) was not faster than "
                 "tf.function with one step per call when checked"))
         else:
