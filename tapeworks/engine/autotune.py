@@ -28,8 +28,12 @@ pay for itself:
    longer pay is dropped at once.
 3. The fastest measured option is kept; when it is an XLA mode, it is checked
    against tf.function with one step per call in alternating calls and
-   dropped if it is not faster: "auto" never keeps a choice slower than plain
-   `tf.function`.
+   dropped (for tf.function at its measured steps per call) if it is not
+   faster: "auto" never keeps a choice slower than plain `tf.function`.
+
+Timed rounds, and the check, stop after MIN_ROUNDS once their answer is
+clear (`_rounds_are_clear`, `_check_is_clear`): the steps they would have
+run train in the mode that wins instead.
 
 Every call is a real training call: no data is thrown away. An XLA failure to
 compile is caught on the mode's first call and that batch is trained without
