@@ -6,7 +6,12 @@ CLI can configure TensorFlow's logging before TensorFlow is imported.
 
 import importlib
 
+from tapeworks import xla_cache as _xla_cache
+
 __version__ = "0.1.0"
+
+# Before TensorFlow's runtime starts, or never: TensorFlow reads the flag once.
+_xla_cache.enable()
 
 _EXPORTS = {
     "Trainer": "tapeworks.engine.trainer",

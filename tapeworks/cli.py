@@ -173,17 +173,25 @@ def _explain(args):
 
 def _cache(args):
     # The cache is plain files: no TensorFlow import needed.
+    from tapeworks import xla_cache
     from tapeworks.engine import plan_cache
 
     cache = plan_cache.PlanCache()
     if args.action == "clear":
         removed = cache.clear()
-        print(f"Removed {removed} plan{'s' if removed != 1 else ''} from {cache.folder}.")
+        executables = xla_cache.clear()
+        print(f"Removed {removed} plan{'s' if removed != 1 else ''} from {cache.folder} and "
+              f"{executables} XLA executable{'s' if executables != 1 else ''} from "
+              f"{xla_cache.root()}.")
         return 0
     entries = cache.entries()
     if args.json:
         print(json.dumps([dict(plan, key=key) for key, plan in entries], indent=1))
         return 0
+    compiled = xla_cache.entries()
+    print(f"{len(compiled)} XLA executable{'s' if len(compiled) != 1 else ''} "
+          f"({sum(size for _, size in compiled) / 2**20:.1f} MiB) in {xla_cache.root()}"
+          f"{'' if xla_cache.enabled_by_environment() else ' (off: TAPEWORKS_XLA_CACHE=0)'}")
     print(f"{len(entries)} plan{'s' if len(entries) != 1 else ''} in {cache.folder}"
           f"{'' if plan_cache.enabled_by_environment() else ' (off: TAPEWORKS_PLAN_CACHE=0)'}")
     for key, plan in entries:
@@ -335,12 +343,14 @@ def build_parser():
     lint.set_defaults(run=_lint)
 
     cache = verbs.add_parser(
-        "cache", help="show or clear the plans \"auto\" stored (the plan cache)",
+        "cache", help="show or clear the plans \"auto\" stored and the XLA executables",
         description="Show or clear the plan cache: what \"auto\" chose for each fingerprint "
                     "(models, batch, precision, optimizer, device, versions), kept so that "
-                    "the next run of the same script measures nothing. Location: "
-                    "$TAPEWORKS_CACHE_DIR/plans, by default ~/.cache/tapeworks/plans; "
-                    "TAPEWORKS_PLAN_CACHE=0 turns it off.")
+                    "the next run of the same script measures nothing, and the XLA "
+                    "executables TensorFlow saved for later runs on this CPU. Location: "
+                    "$TAPEWORKS_CACHE_DIR/plans and .../xla, by default under "
+                    "~/.cache/tapeworks; TAPEWORKS_PLAN_CACHE=0 and TAPEWORKS_XLA_CACHE=0 "
+                    "turn them off. --json lists the plans.")
     cache.add_argument("action", choices=("show", "clear"))
     cache.add_argument("--json", action="store_true", help="show as JSON")
     cache.set_defaults(run=_cache)

@@ -143,10 +143,14 @@ def test_cache_cli_show_and_clear(tmp_path):
         "k2", False, 8, "tf.function measured fastest", {"models": ["small"]},
         memory={"waiting": ["update"], "steps_seen": 640, "calls": [], "start_seconds": [],
                 "reference_batch": 32})
+    compiled = tmp_path / "xla" / "machine"   # an executable TensorFlow saved
+    compiled.mkdir(parents=True)
+    (compiled / "xla_compile_cache__1__2__XLA_CPU_JIT.pb").write_bytes(b"\x0a\x02ab")
     env = dict(os.environ, TAPEWORKS_CACHE_DIR=str(tmp_path))
     show = subprocess.run([sys.executable, "-m", "tapeworks.cli", "cache", "show"],
                           capture_output=True, text=True, env=env)
     assert show.returncode == 0, show.stderr
+    assert "1 XLA executable (0.0 MiB)" in show.stdout
     assert "k1" in show.stdout and "jit_compile=True" in show.stdout
     assert "not tried yet: XLA update (after 640 steps" in show.stdout
     listed = json.loads(subprocess.run(
@@ -156,6 +160,7 @@ def test_cache_cli_show_and_clear(tmp_path):
     clear = subprocess.run([sys.executable, "-m", "tapeworks.cli", "cache", "clear"],
                            capture_output=True, text=True, env=env)
     assert clear.returncode == 0 and "2 plans" in clear.stdout
+    assert "1 XLA executable from" in clear.stdout and not list(compiled.iterdir())
     assert PlanCache(os.path.join(str(tmp_path), "plans")).entries() == []
 
 

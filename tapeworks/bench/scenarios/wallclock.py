@@ -113,8 +113,12 @@ def worker(spec):
 
 
 def _run_worker(spec, cache_dir):
+    # Keras' fits get no XLA cache (a Keras user has none: `import tapeworks`
+    # in the worker would otherwise switch it on for them too).
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TAPEWORKS_CACHE_DIR=cache_dir,
-               TAPEWORKS_PLAN_CACHE="1")
+               TAPEWORKS_PLAN_CACHE="1",
+               TAPEWORKS_XLA_CACHE="0" if spec["approach"].startswith("keras") else "1")
+    env.pop("TF_XLA_FLAGS", None)
     done = subprocess.run([sys.executable, "-m", "tapeworks.bench.scenarios.wallclock",
                            json.dumps(spec)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -155,8 +159,10 @@ def run(quick=False, repeats=3):
                     shift = round_index % len(names)
                     for name in names[shift:] + names[:shift]:
                         spec = dict(base, epochs=epochs, approach=name.split(" (")[0])
+                        # Cold: a cache folder of its own (plans and XLA
+                        # executables), shared with no other process.
                         cache = warm if "warm" in name else os.path.join(
-                            scratch, f"cold-{model}-{epochs}-{round_index}")
+                            scratch, f"cold-{model}-{epochs}-{round_index}-{names.index(name)}")
                         if "fixed" in name:
                             spec["fixed"] = list(best_fixed)
                         if name.startswith("keras"):
@@ -214,7 +220,9 @@ def run(quick=False, repeats=3):
                   "what a cell is": (
                       f"Each cell: median of {repeats} fresh processes; time of fit() alone "
                       "(Trainer creation, tracing, compiling and measuring included; imports "
-                      "and data excluded). The best fixed mode comes from a sweep of "
+                      "and data excluded). Cold: empty plan and XLA caches; warm: both as a "
+                      "first run of the longest length left them (Keras' fits: no XLA "
+                      "cache). The best fixed mode comes from a sweep of "
                       f"{sweep} at {max(lengths)} epochs, one process each. 'x best fixed "
                       "mode' divides two medians; the round-by-round column divides the best "
                       "fixed mode's process by this approach's in the same round (alternated, "
@@ -235,7 +243,7 @@ def _sweep(base, epochs, scratch, settings):
     for fixed in settings:
         spec = dict(base, approach="tapeworks", epochs=epochs, fixed=list(fixed))
         try:
-            timed[fixed] = _run_worker(spec, os.path.join(scratch, "sweep"))["seconds"]
+            timed[fixed] = _run_worker(spec, os.path.join(scratch, f"sweep-{fixed}"))["seconds"]
         except RuntimeError as error:
             if not _is_xla_failure(error):
                 raise
