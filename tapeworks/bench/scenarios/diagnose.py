@@ -12,7 +12,10 @@ The same MLP trained, alternating, on the `loops` small and large MLPs:
   and replays, so "raise" checks whole calls and rolls back and replays a
   bad one (`engine.rollback`); this row is what data that cannot replay
   (a shuffled or file-reading pipeline) pays: a `tf.cond` around each update;
-- with `on_nonfinite="warn"` (the check on every step, nothing withheld).
+- with `on_nonfinite="warn"` (the check on every step, nothing withheld);
+- for models whose gradients reach the split's 16 MiB (the large MLP), in
+  fixed XLA steps: no checks, the defaults inside the whole XLA step, and the
+  defaults with the step split around them (`_xla_step_rows`).
 
 Each timed repeat is a fit of whole epochs lasting about a second, and each
 overhead is given twice: as a ratio of the two medians, and round by round
@@ -28,6 +31,7 @@ as the [auto] rows show).
 """
 
 import math
+import os
 import time
 
 import keras
@@ -58,9 +62,13 @@ CHECKS = {"none": dict(on_nonfinite=None, dead_gradient_steps=None),
 
 
 def run(quick=False, repeats=5):
+    # A part alone: DIAGNOSE_GROUPS="xla" (the XLA step rows) or "checks".
+    groups = os.environ.get("DIAGNOSE_GROUPS", "checks,xla").split(",")
     rows, repeat_epochs = [], {}
     repeat_seconds = 0.1 if quick else REPEAT_SECONDS
     for size in (QUICK_SIZES if quick else SIZES):
+        if "checks" not in groups and size.name not in _xla_models():
+            continue
         x, y = _data(size, size.steps)
         dataset = in_memory_dataset((x, y), size.batch)
         # The mode "auto" settles on without the check, then fixed for both.
@@ -100,6 +108,11 @@ def run(quick=False, repeats=5):
         fixed_rows = {checks: name + fixed for checks, name in fixed_rows.items()}
         names = {"base": UNCHECKED + " [auto]", "checked": CHECKED + " [auto]",
                  "base_fixed": fixed_rows["none"], "checked_fixed": fixed_rows["defaults"]}
+        if "checks" not in groups:
+            if "xla" in groups and size.name in _xla_models():
+                rows.extend(_xla_step_rows(size, dataset, epochs, samples, repeats,
+                                           settle_seconds, probe.steps_per_call))
+            continue
         results = alternate([trained("none", names["base"], False),
                              trained("defaults", names["checked"], False),
                              *(trained(checks, name, True) for checks, name in fixed_rows.items())],
@@ -121,6 +134,9 @@ def run(quick=False, repeats=5):
                                     else f"{median:.1f} [{q1:.1f}, {q3:.1f}]"),
                          "repeats": result["runs"], "notes": result["notes"],
                          "group": size.name})
+        if not quick and "xla" in groups and size.name in _xla_models():
+            rows.extend(_xla_step_rows(size, dataset, epochs, samples, repeats, settle_seconds,
+                                       probe.steps_per_call))
     return {
         "columns": [("model", "model"), ("approach", "approach"),
                     ("samples_per_s", "samples/s"), ("baseline", "compared with"),
@@ -139,6 +155,7 @@ def run(quick=False, repeats=5):
                                "what data that cannot replay pays (a tf.cond around each "
                                "update). XLA steps keep their guard inside XLA, and states "
                                "over 16 MiB (the large MLP) the per-step guard",
+                  "groups": ", ".join(groups),
                   "repeats": "each timed repeat is one fit of whole epochs lasting about "
                              f"{repeat_seconds:g} s or more: " + ", ".join(
                                  f"{name}: {n} epoch(s)" for name, n in repeat_epochs.items()),
@@ -153,3 +170,61 @@ def run(quick=False, repeats=5):
         "chart": {"group": "group", "bar": "approach", "value": "vs_baseline",
                   "label": "throughput relative to its baseline"},
     }
+
+
+XLA_NONE = "no checks [fixed XLA/{n}]"
+XLA_WHOLE = "defaults [fixed XLA/{n}], checks inside the XLA step"
+XLA_SPLIT = "defaults [fixed XLA/{n}], the step split around the checks"
+
+
+def _xla_models():
+    """The models whose whole-XLA step is also timed: DIAGNOSE_XLA_MODELS, or those
+    whose gradients reach the split's threshold (the large MLP)."""
+    from tapeworks.engine import step
+
+    if os.environ.get("DIAGNOSE_XLA_MODELS") is not None:
+        return [m for m in os.environ["DIAGNOSE_XLA_MODELS"].split(",") if m]
+    return [size.name for size in SIZES
+            if sum(4 * (a * b + b) for a, b in zip(size.widths, size.widths[1:]))
+            >= step.SPLIT_MIN_GRADIENT_BYTES]
+
+
+def _xla_step_rows(size, dataset, epochs, samples, repeats, settle_seconds, steps_per_call):
+    """The checks in an XLA step on a CPU: inside it, and split around them.
+
+    With gradients of 16 MiB or more and a check that reads them, an XLA step
+    on a CPU runs as three parts (`Trainer._splits_xla_step`): forward and
+    backward in XLA, the checks' norms in TensorFlow, the XLA-fused update.
+    These rows time it against the whole step with the checks inside XLA
+    (the split's threshold raised past this model), each against no checks.
+    """
+    names = {kind: name.format(n=steps_per_call) for kind, name in
+             (("none", XLA_NONE), ("whole", XLA_WHOLE), ("split", XLA_SPLIT))}
+
+    def trained(kind):
+        trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+                          plan_cache=False, jit_compile=True, steps_per_call=steps_per_call,
+                          **CHECKS["none" if kind == "none" else "defaults"])
+        if kind == "whole":
+            trainer._split_min_bytes = float("inf")
+        return Approach(names[kind], lambda: (trainer.fit(dataset, epochs=epochs, verbose=0),
+                                              samples)[1],
+                        setup=lambda: settle_trainer(trainer, dataset,
+                                                     long_fit_seconds=settle_seconds))
+
+    results = alternate([trained(kind) for kind in names], repeats)
+    base = results[names["none"]]
+    rows = []
+    for name, result in results.items():
+        median, q1, q3 = paired_overhead(result["runs"], base["runs"])
+        rows.append({"model": size.name, "approach": name,
+                     "samples_per_s": result["samples_per_s"], "baseline": names["none"],
+                     "vs_baseline": result["samples_per_s"] / base["samples_per_s"],
+                     "overhead_percent": 100 * (base["samples_per_s"]
+                                                / result["samples_per_s"] - 1),
+                     "paired_median": median, "paired_q1": q1, "paired_q3": q3,
+                     "paired": ("" if name == names["none"]
+                                else f"{median:.1f} [{q1:.1f}, {q3:.1f}]"),
+                     "repeats": result["runs"], "notes": result["notes"],
+                     "group": size.name + " (XLA)"})
+    return rows
