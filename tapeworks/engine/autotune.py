@@ -44,8 +44,13 @@ Start costs, measured on this project's 2-core CPU with the schedule above
 loop call, one-off runs of `bench wallclock`'s models, 2026-11-30): the
 XLA-fused update started in 1.31x (digits CNN), 1.48x (large MLP), 1.65x
 (small MLP) and 1.72x (super-resolution) tf.function's start; whole-step
-XLA in 3.5x (large MLP) and 4.2x (digits CNN). `XLA_START_RATIO` rounds the
-largest up. (An earlier schedule gave tf.function a separate first step
+XLA in 3.5x (large MLP) and 4.2x (digits CNN). Measured again on a slower
+machine on 2026-12-01, after the split XLA step (`tuning["start_seconds"]`,
+one run each): the update 1.65x (digits CNN), 1.03x (large MLP), 1.89x
+(super-resolution); whole-step XLA 4.81x (digits CNN), 2.87x (large MLP).
+`XLA_START_RATIO` rounds the largest up. Those cold starts are what it
+predicts; with XLA's persistent cache (`tapeworks.xla_cache`) a later
+process's start is lower, which the prediction does not know. (An earlier schedule gave tf.function a separate first step
 too; its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
 run of `bench wallclock` also showed that a tf.function start with a
 separate first step cost one more trace than a fixed mode (0.27 s of 2.6 s
@@ -72,7 +77,7 @@ MAX_STEPS_PER_CALL = 256
 MAX_SECONDS_PER_CALL = 1.0
 MAX_RETRIES = 2          # a timed call cut short (end of data) is run again
 XLA_START_RATIO = {"update": 2.0, True: 5.0}   # start cost / tf.function's (measured at
-                                               # most 1.72 and 4.2: see above)
+                                               # most 1.89 and 4.81: see above)
 XLA_BEST_SAVING = 0.5    # the most of tf.function's step time an XLA mode is expected to
                          # save (measured here: 21% on the large MLP, 32% for a bfloat16
                          # update)
