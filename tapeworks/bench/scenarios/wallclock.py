@@ -239,6 +239,8 @@ def _sweep(base, epochs, scratch, settings):
     the super-resolution network's bicubic resize) is left out of the sweep:
     a user asking for it gets that error, and it is no one's best mode.
     """
+    if len(settings) == 1:
+        return settings[0]   # the quick run's one setting: the best of one, without timing it
     timed = {}
     for fixed in settings:
         spec = dict(base, approach="tapeworks", epochs=epochs, fixed=list(fixed))
