@@ -34,6 +34,7 @@ import importlib.metadata
 import logging
 import os
 import platform
+import tempfile
 
 logger = logging.getLogger("tapeworks")
 
@@ -72,8 +73,8 @@ def enable():
     """Points TensorFlow's persistent XLA cache at `folder()`; returns the folder, or None.
 
     None when switched off, when the user's `TF_XLA_FLAGS` already set a
-    cache directory (theirs is used), or when TensorFlow's version is
-    unknown.
+    cache directory (theirs is used), when TensorFlow's version is unknown,
+    or when the folder cannot be written.
     """
     current = os.environ.get("TF_XLA_FLAGS", "")
     if not enabled_by_environment() or FLAG in current:
@@ -84,10 +85,30 @@ def enable():
     # TensorFlow splits TF_XLA_FLAGS on spaces: a path with one cannot be passed.
     if " " in path:
         return None
+    if not _writable(path):
+        return None
     _remove_unreadable(path)
     extra = f"{FLAG}={path} --tf_xla_persistent_cache_device_types=CPU"
     os.environ["TF_XLA_FLAGS"] = f"{current} {extra}".strip()
     return path
+
+
+def _writable(path):
+    """Creates `path` and checks that a file can be written there.
+
+    TensorFlow fails the XLA call itself when it cannot write its entry (a
+    read-only home, a cache folder that cannot be created): then there is
+    no cache, and training goes on without it.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=path, suffix=".tmp")
+        os.close(handle)
+        os.remove(probe)
+        return True
+    except OSError as error:
+        logger.warning("the XLA cache is off: %s cannot be written (%s)", path, error)
+        return False
 
 
 def _remove_unreadable(path):

@@ -57,6 +57,14 @@ def test_the_users_own_cache_directory_and_the_switch_are_respected(monkeypatch,
     assert xla_cache.enable() is None and "TF_XLA_FLAGS" not in os.environ
 
 
+def test_a_folder_that_cannot_be_written_leaves_the_cache_off(monkeypatch, tmp_path):
+    # TensorFlow would fail every XLA call on a cache folder it cannot write.
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    _switched(monkeypatch, blocked)
+    assert xla_cache.enable() is None and "TF_XLA_FLAGS" not in os.environ
+
+
 def test_the_folder_depends_on_the_cpu_and_tensorflows_version(monkeypatch, tmp_path):
     monkeypatch.setenv("TAPEWORKS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(xla_cache, "_cpu", lambda: ("CPU A", "avx2 fma"))
