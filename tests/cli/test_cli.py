@@ -191,9 +191,7 @@ def test_autotune_bench_pairs_every_loop_with_the_model_on_and_off(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_wallclock_scenario_quick(tmp_path):
-    # Two rounds: enough for the round-by-round median and quartiles (each
-    # round is four fresh processes; the suite has a 20-minute budget).
-    result = tapeworks("bench", "wallclock", "--quick", "--repeats", "2", "--out", str(tmp_path),
+    result = tapeworks("bench", "wallclock", "--quick", "--repeats", "3", "--out", str(tmp_path),
                        timeout=900)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "wallclock.json").read_text())
