@@ -12,7 +12,7 @@ import pytest
 
 import tapeworks
 from tapeworks.engine.plan_cache import PlanCache
-from tests.engine import models
+from tests.engine import models, plan_writers
 
 
 def test_round_trip(tmp_path):
@@ -39,17 +39,11 @@ def test_a_corrupt_entry_is_ignored_removed_and_rebuilt(tmp_path, content):
     assert cache.get("abc")["steps_per_call"] == 4
 
 
-def _write_many(folder, worker):
-    cache = PlanCache(folder)
-    for i in range(200):
-        cache.put("shared", bool(i % 2), worker * 1000 + i, "race", {"worker": worker})
-
-
 @pytest.mark.multiprocess
 def test_concurrent_writers_never_leave_half_a_file(tmp_path):
     folder = str(tmp_path)
     context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_write_many, args=(folder, w)) for w in range(3)]
+    writers = [context.Process(target=plan_writers.write_many, args=(folder, w)) for w in range(3)]
     for writer in writers:
         writer.start()
     cache = PlanCache(folder)
@@ -147,9 +141,13 @@ def test_cache_cli_show_and_clear(tmp_path):
     compiled.mkdir(parents=True)
     (compiled / "xla_compile_cache__1__2__XLA_CPU_JIT.pb").write_bytes(b"\x0a\x02ab")
     env = dict(os.environ, TAPEWORKS_CACHE_DIR=str(tmp_path))
-    show = subprocess.run([sys.executable, "-m", "tapeworks.cli", "cache", "show"],
-                          capture_output=True, text=True, env=env)
+    # `cache show` needs no TensorFlow (whose import takes about 10 s here).
+    show = subprocess.run([sys.executable, "-c", "import sys; from tapeworks import cli; "
+                           "rc = cli.main(['cache', 'show']); "
+                           "print('tensorflow imported:', 'tensorflow' in sys.modules); "
+                           "sys.exit(rc)"], capture_output=True, text=True, env=env)
     assert show.returncode == 0, show.stderr
+    assert "tensorflow imported: False" in show.stdout
     assert "1 XLA executable (0.0 MiB)" in show.stdout
     assert "k1" in show.stdout and "jit_compile=True" in show.stdout
     assert "not tried yet: XLA update (after 640 steps" in show.stdout
