@@ -15,6 +15,29 @@ def tapeworks(*args, cwd=None, timeout=600):
                           text=True, cwd=cwd, timeout=timeout)
 
 
+# The quick (smoke) runs of these scenarios share one `tapeworks bench`
+# process: a process costs about 11 s of imports on this project's slowest CI
+# machine, and the suite has a 20-minute budget. Their tests run on one
+# xdist worker (`xdist_group`), so the run happens once.
+QUICK_TOGETHER = ["loops", "accumulate", "precision", "gan", "input", "diagnose", "checkpoint",
+                  "lint", "autotune", "export", "prune"]
+quick_bench = pytest.mark.xdist_group("quick-bench")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quick-bench")
+    result = tapeworks("bench", *QUICK_TOGETHER, "--quick", "--repeats", "3", "--out", str(out),
+                       timeout=1800)
+    return result, out
+
+
+def quick_report(quick_run, scenario):
+    result, out = quick_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / f"{scenario}.json").read_text()), out
+
+
 @pytest.mark.parametrize("verb", [[], ["demo"], ["bench"], ["export"]])
 def test_help(verb):
     result = tapeworks(*verb, "--help")
@@ -56,10 +79,9 @@ def test_demo_quick_with_frozen_critic(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_quick(tmp_path):
-    result = tapeworks("bench", "loops", "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "loops.json").read_text())
+@quick_bench
+def test_bench_quick(quick_run):
+    report, tmp_path = quick_report(quick_run, "loops")
     approaches = {row["approach"] for row in report["rows"]}
     assert approaches == {
         "tapeworks (defaults)", "keras fit (defaults)",
@@ -74,7 +96,9 @@ def test_bench_quick(tmp_path):
     assert len([f for f in report["facts"] if "% of the faster ceiling" in f]) == 2
     assert len([f for f in report["facts"] if "% of that bound" in f]) == 2
     assert report["facts"]["memory bandwidth, streaming (GB/s)"] > 0
-    assert "tapeworks bench loops --quick" in (tmp_path / "loops.md").read_text()
+    command = next(line for line in (tmp_path / "loops.md").read_text().splitlines()
+                   if line.startswith("Command:"))
+    assert "tapeworks bench loops " in command and " --quick" in command
     assert (tmp_path / "loops.png").stat().st_size > 5_000
 
 
@@ -89,6 +113,8 @@ def test_bench_rejects_unknown_scenario_and_few_repeats(tmp_path):
 def test_bench_list():
     result = tapeworks("bench", "--list")
     assert result.returncode == 0
+    # It imports TensorFlow: its start-up chatter stays hidden.
+    assert "I0000" not in result.stderr and "oneDNN" not in result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
         "diagnose", "bugs", "checkpoint", "export", "prune", "serve", "distribute"]
@@ -96,10 +122,9 @@ def test_bench_list():
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_export_bench_quick(tmp_path):
-    result = tapeworks("bench", "export", "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "export.json").read_text())
+@quick_bench
+def test_export_bench_quick(quick_run):
+    report, tmp_path = quick_report(quick_run, "export")
     rows = {row["format"]: row for row in report["rows"]}
     assert sorted(rows) == ["tflite", "tflite int8"]
     assert all(row["size_kib"] > 0 and row["metric"] == "accuracy %" for row in rows.values())
@@ -124,10 +149,9 @@ def test_serve_bench_quick_loads_both_servers(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_prune_bench_quick_compresses_the_pruned_file(tmp_path):
-    result = tapeworks("bench", "prune", "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "prune.json").read_text())
+@quick_bench
+def test_prune_bench_quick_compresses_the_pruned_file(quick_run):
+    report, tmp_path = quick_report(quick_run, "prune")
     rows = {row["variant"]: row for row in report["rows"]}
     assert sorted(rows) == ["80% magnitude", "dense"]
     # Each kernel has round(0.8 n) zeros: 115 of the first conv's 144, so a hair under 80%.
@@ -156,29 +180,26 @@ def test_distribute_bench_quick_times_every_approach(tmp_path):
 
 
 @pytest.mark.slow
+@quick_bench
 @pytest.mark.parametrize("scenario", ["accumulate", "precision", "gan", "input", "diagnose",
                                       "checkpoint"])
-def test_other_scenarios_quick(tmp_path, scenario):
-    result = tapeworks("bench", scenario, "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / f"{scenario}.json").read_text())
+def test_other_scenarios_quick(quick_run, scenario):
+    report, tmp_path = quick_report(quick_run, scenario)
     assert report["rows"] and all(len(r["repeats"]) in (0, 3) for r in report["rows"])
     assert (tmp_path / f"{scenario}.png").exists()
 
 
-def test_lint_bench_quick_needs_no_network(tmp_path):
-    result = tapeworks("bench", "lint", "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "lint.json").read_text())
+@quick_bench
+def test_lint_bench_quick_needs_no_network(quick_run):
+    report, tmp_path = quick_report(quick_run, "lint")
     assert report["facts"]["files"] > 100
     assert (tmp_path / "lint-sample.md").exists()
 
 
 @pytest.mark.slow
-def test_autotune_bench_pairs_every_loop_with_the_model_on_and_off(tmp_path):
-    result = tapeworks("bench", "autotune", "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    rows = json.loads((tmp_path / "autotune.json").read_text())["rows"]
+@quick_bench
+def test_autotune_bench_pairs_every_loop_with_the_model_on_and_off(quick_run):
+    rows = quick_report(quick_run, "autotune")[0]["rows"]
     names = [r["approach"] for r in rows]
     assert len(names) == 4 and {n.split("dataset ")[1] for n in names} == {
         "as built", "through without_autotuning"}
@@ -207,11 +228,9 @@ def test_wallclock_scenario_quick(tmp_path):
         <= max(ratios)
 
 
-def test_version_and_quiet_start():
+def test_version():
     result = tapeworks("--version")
     assert result.returncode == 0 and result.stdout.startswith("tapeworks ")
-    listed = tapeworks("bench", "--list")
-    assert "I0000" not in listed.stderr and "oneDNN" not in listed.stderr
 
 
 def test_unknown_scenario_is_named_without_importing_tensorflow():

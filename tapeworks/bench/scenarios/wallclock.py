@@ -144,8 +144,7 @@ def run(quick=False, repeats=3):
             best_fixed = _sweep(base, max(lengths), scratch, sweep)
             warm = os.path.join(scratch, f"warm-{len(rows)}")
             left_out = set()
-            if not quick:   # quick (the tests' smoke run): the first warm repeat fills it
-                _run_worker(dict(base, approach="tapeworks", epochs=max(lengths)), warm)
+            _run_worker(dict(base, approach="tapeworks", epochs=max(lengths)), warm)
             for epochs in lengths:
                 cells = {"keras fit (defaults)": [], "keras fit (jit_compile=True, "
                          "steps_per_execution=32)": [], "tapeworks (defaults), cold plan cache":
@@ -154,7 +153,10 @@ def run(quick=False, repeats=3):
                 if quick:   # Keras' XLA fit compiles in every process: the slowest cell
                     del cells["keras fit (jit_compile=True, steps_per_execution=32)"]
                 notes = {}
-                for round_index in range(repeats):
+                # Quick (the tests' smoke run): one round, one process a cell
+                # (a fresh process costs about 11 s of imports on this
+                # project's slowest CI machine); not a measurement.
+                for round_index in range(1 if quick else repeats):
                     names = list(cells)
                     shift = round_index % len(names)
                     for name in names[shift:] + names[:shift]:
@@ -218,7 +220,8 @@ def run(quick=False, repeats=3):
                   "label": "Keras default fit's time / this approach's time"},
         "facts": {"models": ", ".join(models), "epochs": ", ".join(map(str, lengths)),
                   "what a cell is": (
-                      f"Each cell: median of {repeats} fresh processes; time of fit() alone "
+                      f"Each cell: median of {1 if quick else repeats} fresh processes; "
+                      "time of fit() alone "
                       "(Trainer creation, tracing, compiling and measuring included; imports "
                       "and data excluded). Cold: empty plan and XLA caches; warm: both as a "
                       "first run of the longest length left them (Keras' fits: no XLA "
