@@ -570,6 +570,7 @@ class CallPlanner:
             # Confirm the winner against plain tf.function, one step per
             # call, in alternating calls: the promise is never to be slower.
             self._candidate = candidate
+            self._checks = {}   # a check of its own (an earlier one's calls are not its rounds)
             chosen = (candidate.jit_compile, candidate.steps_per_call)
             self._queue = [Probe(*p) for _ in range(ROUNDS) for p in (chosen, (False, 1))]
 
@@ -587,6 +588,8 @@ class CallPlanner:
                 "tf.function with one step per call when checked"))
         else:
             self.choice = self._candidate
+        # Checked: a mode reconsidered later is timed again, not checked.
+        self._candidate = None
 
     def _median_check(self, key):
         values = self._checks.get(key)

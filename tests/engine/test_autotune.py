@@ -449,3 +449,20 @@ def test_time_a_measured_mode_won_pays_for_trying_the_next():
     assert [p.jit for p in asked if p.kind == "first"] == ["update"]
     assert any("XLA not tried yet: starting it was predicted to cost 2.52 s" in note
                for note in planner.report()["notes"])
+
+
+def test_a_mode_reconsidered_after_a_check_is_timed_and_can_win():
+    # 200 steps: the update is tried, checked and kept; whole-step XLA waits
+    # (the update won nothing, so only 10% of the run may be spent). Once the
+    # trainer has trained far more, XLA is reconsidered: its calls must be
+    # timed as a mode's rounds (not taken for the finished check's) and win.
+    planner = CallPlanner("auto", "auto")
+    run_counting_down(planner, large_mlp_cost(update_step=0.12), 200)
+    assert planner.choice.jit_compile == "update"
+    assert planner.report()["waiting_to_try"] == ["XLA"]
+    planner.steps_trained = 100_000
+    planner.reconsider()
+    assert planner.tuning and planner.next_call().jit is True
+    run_counting_down(planner, large_mlp_cost(update_step=0.12), 10_000)
+    assert planner.choice.jit_compile is True
+    assert "jit=True,steps=1" in planner.report()["measured"]
