@@ -54,8 +54,11 @@ one run each): the update 1.65x (digits CNN), 1.03x (large MLP), 1.89x
 (super-resolution); whole-step XLA 4.81x (digits CNN), 2.87x (large MLP).
 `XLA_START_RATIO` rounds the largest up. Those cold starts are what it
 predicts; with XLA's persistent cache (`tapeworks.xla_cache`) a later
-process's start is lower, which the prediction does not know. (An earlier schedule gave tf.function a separate first step
-too; its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
+process's start is lower, which the prediction does not know. Whole-step
+XLA's start over the update's: 3.2x and 2.4x (first runs), 2.9x and 2.8x
+(second), so `START_OVER_UPDATE` predicts it from the update's once that has
+started. (An earlier schedule gave tf.function a separate first step too;
+its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
 run of `bench wallclock` also showed that a tf.function start with a
 separate first step cost one more trace than a fixed mode (0.27 s of 2.6 s
 on the digits CNN): tf.function now starts with its loop call.
