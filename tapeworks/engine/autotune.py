@@ -11,12 +11,16 @@ pay for itself:
    put the overhead under 0.5% of a call.
 2. An XLA mode ("update": XLA for the optimizer update alone; True: the whole
    step) is tried only when it can repay the cost of trying it: its start is
-   predicted from tf.function's measured start (`XLA_START_RATIO`), it can at
-   best save `XLA_BEST_SAVING` of tf.function's step time over the remaining
-   work (epochs x steps left in this `fit`, told by the Trainer, or the steps
-   trained so far if more: a trainer that has trained N steps is expected to
-   train about as many more), and all trying together may spend at most
-   `TRY_BUDGET` of that remaining time. A mode that cannot pay yet is
+   predicted from tf.function's measured start (`XLA_START_RATIO`; whole-step
+   XLA's also from the update's, once that is measured), it can at best step
+   in (1 - `XLA_BEST_SAVING`) of tf.function's step time, and what it can win
+   over the best mode measured so far, over the remaining work (epochs x
+   steps left in this `fit`, told by the Trainer, or the steps trained so far
+   if more: a trainer that has trained N steps is expected to train about as
+   many more), must exceed that start. All trying together may spend at most
+   `TRY_BUDGET` of that remaining time at tf.function's speed, plus what a
+   mode already measured faster wins over it: the fit is never more than
+   `TRY_BUDGET` slower than tf.function alone. A mode that cannot pay yet is
    reconsidered as training goes on (`reconsider`), and across runs: the
    plan cache keeps the modes still waiting, what tf.function measured and
    the steps trained by the runs that used the plan (`memory`), so a script
@@ -50,8 +54,11 @@ one run each): the update 1.65x (digits CNN), 1.03x (large MLP), 1.89x
 (super-resolution); whole-step XLA 4.81x (digits CNN), 2.87x (large MLP).
 `XLA_START_RATIO` rounds the largest up. Those cold starts are what it
 predicts; with XLA's persistent cache (`tapeworks.xla_cache`) a later
-process's start is lower, which the prediction does not know. (An earlier schedule gave tf.function a separate first step
-too; its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
+process's start is lower, which the prediction does not know. Whole-step
+XLA's start over the update's: 3.2x and 2.4x (first runs), 2.9x and 2.8x
+(second), so `START_OVER_UPDATE` predicts it from the update's once that has
+started. (An earlier schedule gave tf.function a separate first step too;
+its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
 run of `bench wallclock` also showed that a tf.function start with a
 separate first step cost one more trace than a fixed mode (0.27 s of 2.6 s
 on the digits CNN): tf.function now starts with its loop call.
@@ -78,9 +85,11 @@ MAX_SECONDS_PER_CALL = 1.0
 MAX_RETRIES = 2          # a timed call cut short (end of data) is run again
 XLA_START_RATIO = {"update": 2.0, True: 5.0}   # start cost / tf.function's (measured at
                                                # most 1.89 and 4.81: see above)
-XLA_BEST_SAVING = 0.5    # the most of tf.function's step time an XLA mode is expected to
-                         # save (measured here: 21% on the large MLP, 32% for a bfloat16
-                         # update)
+XLA_BEST_SAVING = 0.6    # the most of tf.function's step time an XLA mode is expected to
+                         # save (measured here: 52% for whole-step XLA on the large MLP,
+                         # 0.62 s against 1.29 s an epoch; 32% for a bfloat16 update)
+START_OVER_UPDATE = 3.5  # whole-step XLA's start / the XLA update's (measured at most 3.2:
+                         # see `_predicted_start`)
 TRY_BUDGET = 0.1         # trying XLA modes may cost at most this share of the remaining time
 
 FIRST, WARM, TIMED, CHOSEN, HOLD = "first", "warm", "timed", "chosen", "hold"
@@ -439,9 +448,14 @@ class CallPlanner:
             step = baseline[0] * self._reference_batch   # seconds per step, chosen calls
             remaining = self._expected_steps()
             remaining_time = remaining * step
-            cost = XLA_START_RATIO[mode] * start
-            gain = remaining_time * XLA_BEST_SAVING
-            budget = TRY_BUDGET * remaining_time - self._trying_spent
+            cost = self._predicted_start(mode)
+            gain = self._possible_gain(remaining)
+            # The budget protects one promise: trying never makes the fit
+            # more than TRY_BUDGET slower than tf.function alone would have
+            # been. A mode already measured faster has won time over the
+            # steps left; spending it on the next trial keeps that promise.
+            won = remaining * max(0.0, step - self._best_step())
+            budget = TRY_BUDGET * remaining_time + won - self._trying_spent
             self._untried.pop(0)
             if gain > cost and cost <= budget and self._trial_fits_this_fit():
                 self._modes.append(mode)
@@ -488,9 +502,37 @@ class CallPlanner:
         # The first loop call costs about as much again as the first step
         # (measured 0.5x to 1.4x; see the module docstring).
         still_to_pay = first_seconds
-        step = baseline[0] * self._reference_batch
-        gain = self._expected_steps() * step * XLA_BEST_SAVING
-        return gain > still_to_pay
+        return self._possible_gain(self._expected_steps()) > still_to_pay
+
+    def _best_step(self):
+        """Seconds per step of the fastest mode measured so far, at its chosen steps per call."""
+        measured = [self._estimate(mode) for mode in self._modes]
+        return min(e[0] for e in measured if e is not None) * self._reference_batch
+
+    def _possible_gain(self, steps):
+        """The most an untried XLA mode can save over `steps` against the best measured so far.
+
+        No XLA mode is expected to step faster than (1 - XLA_BEST_SAVING) of
+        tf.function's step: a mode already measured near that leaves little
+        to win (the whole-step XLA after an update that halved the step).
+        """
+        tf_step = self._estimate(False)[0] * self._reference_batch
+        return steps * max(0.0, self._best_step() - (1 - XLA_BEST_SAVING) * tf_step)
+
+    def _predicted_start(self, mode):
+        """What starting `mode` is predicted to cost, from the starts measured in this run.
+
+        From tf.function's start (`XLA_START_RATIO`) and, for whole-step XLA
+        once the XLA update has started, from the update's too: both compile
+        the same model's update, and whole-step XLA's start measured 2.4x to
+        3.2x the update's on two models and two machines (`START_OVER_UPDATE`
+        rounds that up), a narrower range than its 2.9x to 4.8x tf.function's.
+        The lower of the two predictions is taken: each bounds what was measured.
+        """
+        cost = XLA_START_RATIO[mode] * self._start_seconds[False]
+        if mode is True and "update" in self._start_seconds:
+            cost = min(cost, START_OVER_UPDATE * self._start_seconds["update"])
+        return cost
 
     def _expected_steps(self):
         """Steps a mode found now can still speed up.
@@ -531,6 +573,7 @@ class CallPlanner:
             # Confirm the winner against plain tf.function, one step per
             # call, in alternating calls: the promise is never to be slower.
             self._candidate = candidate
+            self._checks = {}   # a check of its own (an earlier one's calls are not its rounds)
             chosen = (candidate.jit_compile, candidate.steps_per_call)
             self._queue = [Probe(*p) for _ in range(ROUNDS) for p in (chosen, (False, 1))]
 
@@ -548,6 +591,8 @@ class CallPlanner:
                 "tf.function with one step per call when checked"))
         else:
             self.choice = self._candidate
+        # Checked: a mode reconsidered later is timed again, not checked.
+        self._candidate = None
 
     def _median_check(self, key):
         values = self._checks.get(key)

@@ -403,3 +403,66 @@ def test_a_trial_is_started_only_when_its_check_at_the_chosen_steps_fits_too():
                            cost(probe.jit, steps, probe.kind))
             left -= steps
         assert not planner.tuning   # a started trial ended within the fit
+
+
+def large_mlp_cost(update_step):
+    """A fake clock shaped like `bench wallclock`'s large MLP on the 2-core CPU.
+
+    tf.function starts in 0.7 s and steps in 0.125 s; the XLA update starts
+    in 0.72 s (two calls of 0.36 s); whole-step XLA in 2 s, stepping in 0.062 s.
+    """
+    def cost(jit, steps, kind):
+        if kind in ("first", "warm"):
+            return {False: 0.7, "update": 0.36, True: 1.0}[jit]
+        return 0.001 + steps * {False: 0.125, "update": update_step, True: 0.062}[jit]
+
+    return cost
+
+
+def run_counting_down(planner, cost, steps):
+    """Runs a fit of `steps` steps, telling the planner how many are left; returns the probes."""
+    asked = []
+    while planner.tuning and steps > 0:
+        planner.remaining_steps = steps
+        probe = planner.next_call()
+        ran = min(probe.steps, steps)
+        planner.record(probe, probe.steps, ran, ran * BATCH, cost(probe.jit, ran, probe.kind))
+        asked.append(probe)
+        steps -= ran
+    return asked
+
+
+def test_time_a_measured_mode_won_pays_for_trying_the_next():
+    # 200 steps (25 s at tf.function's speed). The update is tried first
+    # (1.4 s predicted against a 2.5 s budget). When it steps in 0.087 s it
+    # has won about 6 s over the 161 steps left, which pays whole-step XLA's
+    # start, predicted from the update's measured one: min(5 x 0.7,
+    # 3.5 x 0.72) = 2.52 s, against a budget of 2.0 + 6.1 - 0.72 s.
+    planner = CallPlanner("auto", "auto")
+    asked = run_counting_down(planner, large_mlp_cost(update_step=0.087), 200)
+    assert [p.jit for p in asked if p.kind == "first"] == ["update", True]
+    assert planner.choice.jit_compile is True
+    # When the update wins nothing, the same start only has 10% of the run
+    # (2.0 s, less the update's 0.72 s) and is not tried.
+    planner = CallPlanner("auto", "auto")
+    asked = run_counting_down(planner, large_mlp_cost(update_step=0.125), 200)
+    assert [p.jit for p in asked if p.kind == "first"] == ["update"]
+    assert any("XLA not tried yet: starting it was predicted to cost 2.52 s" in note
+               for note in planner.report()["notes"])
+
+
+def test_a_mode_reconsidered_after_a_check_is_timed_and_can_win():
+    # 200 steps: the update is tried, checked and kept; whole-step XLA waits
+    # (the update won nothing, so only 10% of the run may be spent). Once the
+    # trainer has trained far more, XLA is reconsidered: its calls must be
+    # timed as a mode's rounds (not taken for the finished check's) and win.
+    planner = CallPlanner("auto", "auto")
+    run_counting_down(planner, large_mlp_cost(update_step=0.12), 200)
+    assert planner.choice.jit_compile == "update"
+    assert planner.report()["waiting_to_try"] == ["XLA"]
+    planner.steps_trained = 100_000
+    planner.reconsider()
+    assert planner.tuning and planner.next_call().jit is True
+    run_counting_down(planner, large_mlp_cost(update_step=0.12), 10_000)
+    assert planner.choice.jit_compile is True
+    assert "jit=True,steps=1" in planner.report()["measured"]
