@@ -17,7 +17,9 @@ import threading
 import numpy as np
 import pytest
 
+from tests.distribute import preemptible
 from tests.distribute.preemptible import EPOCHS
+from tests.forked import Forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = EPOCHS * 4   # 64 samples, global batch 16
@@ -29,6 +31,13 @@ def _env():
     env = dict(os.environ, TAPEWORKS_PLAN_CACHE="0", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     return env
+
+
+def _alone(checkpoint_dir, out):
+    """One worker without the launcher, in a fresh process (forked: `tests/forked.py`)."""
+    env = {"TAPEWORKS_PLAN_CACHE": "0", "TF_CONFIG": None}
+    return Forked(preemptible.main, (str(checkpoint_dir), str(out)), env,
+                  str(out) + "-alone").wait(timeout=300)
 
 
 def _launch(checkpoint_dir, out, signal_worker_at=None):
@@ -60,10 +69,8 @@ def _launch(checkpoint_dir, out, signal_worker_at=None):
 def test_sigterm_to_one_worker_saves_everywhere_and_a_relaunch_finishes_exactly(tmp_path):
     checkpoint_dir, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()
-    single = subprocess.run(
-        [sys.executable, "-m", "tests.distribute.preemptible", str(tmp_path / "single-ckpt"),
-         str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
+    code, _, err = _alone(tmp_path / "single-ckpt", out)
+    assert code == 0, err[-3000:]
 
     code, output, sent = _launch(checkpoint_dir, out, signal_worker_at=20)
     assert sent, output[-3000:]
@@ -83,12 +90,9 @@ def test_sigterm_to_one_worker_saves_everywhere_and_a_relaunch_finishes_exactly(
     # The chief's checkpoint restores on any number of workers: here, one.
     shutil.copytree(checkpoint_dir, tmp_path / "ckpt-copy")
     (tmp_path / "out-one").mkdir()
-    resumed_alone = subprocess.run(
-        [sys.executable, "-m", "tests.distribute.preemptible", str(tmp_path / "ckpt-copy"),
-         str(tmp_path / "out-one")], cwd=ROOT, env=_env(), capture_output=True, text=True,
-        timeout=300)
-    assert resumed_alone.returncode == 0, resumed_alone.stderr[-3000:]
-    assert int(re.search(r"PROGRESS (\d+)", resumed_alone.stdout).group(1)) == stopped_at + 1
+    code, stdout, err = _alone(tmp_path / "ckpt-copy", tmp_path / "out-one")
+    assert code == 0, err[-3000:]
+    assert int(re.search(r"PROGRESS (\d+)", stdout).group(1)) == stopped_at + 1
 
     code, output, _ = _launch(checkpoint_dir, out)
     assert code == 0, output[-3000:]
