@@ -21,14 +21,14 @@ PRELOAD = ["tensorflow", "keras", "tapeworks", "tapeworks.engine", "tests.forked
 _context = None
 
 
-def _forkserver(preload):
+def _forkserver():
     global _context
     if _context is None:
         # Read by TensorFlow's C++ logging when it is imported: the forkserver's
         # import must see it.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD + [m for m in preload if m not in PRELOAD])
+        _context.set_forkserver_preload(PRELOAD)
     return _context
 
 
@@ -52,9 +52,9 @@ class Forked:
     `out_prefix`.stdout and .stderr.
     """
 
-    def __init__(self, function, args, env, out_prefix, preload=()):
+    def __init__(self, function, args, env, out_prefix):
         self.stdout, self.stderr = f"{out_prefix}.stdout", f"{out_prefix}.stderr"
-        context = _forkserver(list(preload))
+        context = _forkserver()
         self.process = context.Process(target=_run_child,
                                        args=(function, args, dict(env), self.stdout,
                                              self.stderr))
