@@ -7,6 +7,7 @@ or a thermal drift hits every approach alike. Medians, not means.
 """
 
 import dataclasses
+import math
 import statistics
 import time
 
@@ -71,6 +72,47 @@ def paired_overhead(runs, base_runs):
     round's pair can be trusted, which a ratio of two medians does not show.
     """
     return quartiles(100.0 * (base / run - 1.0) for run, base in zip(runs, base_runs))
+
+
+def median_interval(values, confidence=0.95):
+    """(median, low, high): the median of `values` and a confidence interval for it.
+
+    The interval is distribution-free (order statistics: scipy's
+    `quantile_test`), so one slow round of a shared machine widens it only as
+    far as its rank allows, where a mean's interval would follow the outlier.
+    With too few values for `confidence` its ends are -inf and +inf.
+    """
+    from scipy.stats import quantile_test
+
+    values = sorted(float(v) for v in values)
+    median = statistics.median(values)
+    if len(values) < 2:
+        return median, -math.inf, math.inf
+    interval = quantile_test(values, q=median, p=0.5).confidence_interval(confidence)
+    low, high = float(interval.low), float(interval.high)
+    return (median, -math.inf if math.isnan(low) else low,
+            math.inf if math.isnan(high) else high)
+
+
+def paired_overhead_interval(runs, base_runs, confidence=0.95):
+    """As `paired_overhead`, with a confidence interval of the median instead of quartiles.
+
+    Returns (median, low, high) of the rounds' percent overheads: many short
+    rounds give an interval narrow enough to tell a 2% cost from nothing on a
+    machine whose single rounds disagree by 10 points.
+    """
+    return median_interval((100.0 * (base / run - 1.0) for run, base in zip(runs, base_runs)),
+                           confidence)
+
+
+def against_target(low, high, target):
+    """"met" when the whole interval is at or under `target`, "missed" when above, else
+    "inconclusive" (the interval straddles it: more rounds, or a quieter machine)."""
+    if high <= target:
+        return "met"
+    if low > target:
+        return "missed"
+    return "inconclusive"
 
 
 def median_seconds(fn, repeats, warmups=1):
