@@ -112,7 +112,7 @@ def test_clipping_by_hand(clip, expected):
     assert trainer.model.get_weights()[0][0, 0] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("mode", ["tf.function", "xla-update"])
+@pytest.mark.parametrize("mode", ["tf.function", "xla-update", "xla"])
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_overflow_skips_the_window_and_lowers_the_scale(accumulate, mode):
     model = models.set_fixed_weights(models.sequential())

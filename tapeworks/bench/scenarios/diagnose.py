@@ -15,7 +15,11 @@ The same MLP trained, alternating, on the `loops` small and large MLPs:
 - with `on_nonfinite="warn"` (the check on every step, nothing withheld);
 - for models whose gradients reach the split's 16 MiB (the large MLP), in
   fixed XLA steps: no checks, the defaults inside the whole XLA step, and the
-  defaults with the step split around them (`_xla_step_rows`).
+  defaults with the step split around them (`_xla_step_rows`); and, as a
+  bound, the gradients' norms alone on tensors of their shapes (TensorFlow's
+  reduction and XLA's), timed in the same rounds: the least any check that
+  reads every gradient in a pass of its own adds to a step, on this machine's
+  memory bandwidth (each read is a call of its own: a call's ~0.1 ms is in it).
 
 Each timed repeat is a short fit (about a quarter of a second: whole epochs,
 or whole calls of a longer epoch), and there are many rounds of them: on a
@@ -46,6 +50,7 @@ from tapeworks.bench.timing import (
     Approach,
     against_target,
     alternate,
+    median_interval,
     paired_overhead_interval,
     settle_trainer,
 )
@@ -193,6 +198,7 @@ def run(quick=False, repeats=5):
 XLA_NONE = "no checks [fixed XLA/{n}]"
 XLA_WHOLE = "defaults [fixed XLA/{n}], checks inside the XLA step"
 XLA_SPLIT = "defaults [fixed XLA/{n}], the step split around the checks"
+BOUND = "bound: one read of the gradients alone ({how}), per step"
 
 
 def _xla_models():
@@ -233,6 +239,8 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
     """
     names = {kind: name.format(n=steps_per_call) for kind, name in
              (("none", XLA_NONE), ("whole", XLA_WHOLE), ("split", XLA_SPLIT))}
+    bounds = {BOUND.format(how="TensorFlow's reduction, as the split step does"): False,
+              BOUND.format(how="XLA's reduction, as the whole XLA step does"): True}
 
     def trained(kind):
         trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
@@ -245,6 +253,49 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
                         setup=lambda: settle_trainer(trainer, dataset,
                                                      long_fit_seconds=settle_seconds))
 
-    results = alternate([trained(kind) for kind in names], repeats)
-    return [_row(size.name, name, result, names["none"], results[names["none"]], None,
+    steps = samples // size.batch
+    results = alternate([trained(kind) for kind in names]
+                        + [_gradient_read(name, size, steps, samples, xla)
+                           for name, xla in bounds.items()], repeats)
+    rows = [_row(size.name, name, result, names["none"], results[names["none"]], None,
                  size.name + " (XLA)") for name, result in results.items()]
+    for row in rows:
+        if row["approach"] in bounds:
+            # Its time per step as a share of no checks' step: what any check
+            # that reads every gradient in a pass of its own adds at least.
+            base = results[names["none"]]
+            median, low, high = _share_interval(results[row["approach"]]["runs"], base["runs"])
+            row.update(overhead_percent=100 * base["samples_per_s"] / row["samples_per_s"],
+                       paired_median=median, paired_low=low, paired_high=high,
+                       paired=f"{median:.1f} [{low:.1f}, {high:.1f}]", vs_baseline=None)
+    return rows
+
+
+def _gradient_read(name, size, steps, samples, xla):
+    """The bound's approach: the gradients' norms alone, `steps` times, on tensors of
+    the gradients' shapes (`gradient_health.gradient_norms`, as the checks compute them)."""
+    import tensorflow as tf
+
+    from tapeworks.engine.gradient_health import gradient_norms
+
+    shapes = [s for a, b in zip(size.widths, size.widths[1:]) for s in ((a, b), (b,))]
+    gradients = [tf.Variable(tf.random.normal(shape), trainable=False) for shape in shapes]
+
+    @tf.function(jit_compile=xla, autograph=False)
+    def norms_once():
+        # A variable's value read in the function, as a step reads its gradients.
+        return tf.reduce_all(tf.math.is_finite(tf.stack(gradient_norms(
+            [tf.convert_to_tensor(g) for g in gradients], xla=xla))))
+
+    def run():
+        for _ in range(steps):
+            ok = norms_once()
+        bool(ok)
+        return samples
+
+    return Approach(name, run)
+
+
+def _share_interval(runs, base_runs):
+    """Percent of a baseline repeat's time that a repeat of `runs` took, round by round."""
+    return median_interval(100.0 * base / run for run, base in zip(runs, base_runs))
