@@ -98,14 +98,29 @@ def run(quick=False, repeats=5):
         # A shorter settling fit for the quick (test) run.
         settle_seconds = 1.0 if quick else 20.0
         settle_trainer(probe, dataset, long_fit_seconds=settle_seconds)
+        # Its choice, not `probe.steps_per_call`: that is the mode in use,
+        # which is a measuring call's while "auto" has measuring reopened
+        # (one run read 1 there, where "auto" chose 200); fits until chosen.
+        for _ in range(20):
+            if probe.tuning["steps_per_call"] is not None:
+                break
+            probe.fit(dataset, verbose=0)
+        steps_per_call = probe.tuning["steps_per_call"] or probe.steps_per_call
+        # tf.function steps: the mode where the checks cost most (auto's
+        # choice between tf.function and the XLA update flips on this
+        # machine for the small MLP; the [auto] rows show what a user gets).
+        mode = dict(jit_compile=False, steps_per_call=steps_per_call)
         # A repeat of about `repeat_seconds`: whole epochs, or whole calls of
-        # an epoch that lasts longer (the large MLP's).
+        # an epoch that lasts longer (the large MLP's), timed in that mode.
+        timer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+                        plan_cache=False, **CHECKS["none"], **mode)
+        timer.fit(dataset, verbose=0)
         start = time.perf_counter()
-        probe.fit(dataset, verbose=0)
+        timer.fit(dataset, verbose=0)
         epoch_seconds = time.perf_counter() - start
         if epoch_seconds > 2 * repeat_seconds:
-            call_seconds = epoch_seconds * probe.steps_per_call / size.steps
-            steps = probe.steps_per_call * max(1, math.ceil(repeat_seconds / call_seconds))
+            call_seconds = epoch_seconds * steps_per_call / size.steps
+            steps = steps_per_call * max(1, math.ceil(repeat_seconds / call_seconds))
             fit_args = dict(epochs=1, steps_per_epoch=min(steps, size.steps))
             repeat_lengths[size.name] = f"{fit_args['steps_per_epoch']} steps"
             samples = fit_args["steps_per_epoch"] * size.batch
@@ -113,10 +128,6 @@ def run(quick=False, repeats=5):
             fit_args = dict(epochs=max(1, math.ceil(repeat_seconds / epoch_seconds)))
             repeat_lengths[size.name] = f"{fit_args['epochs']} epoch(s)"
             samples = size.steps * size.batch * fit_args["epochs"]
-        # tf.function steps: the mode where the checks cost most (auto's
-        # choice between tf.function and the XLA update flips on this
-        # machine for the small MLP; the [auto] rows show what a user gets).
-        mode = dict(jit_compile=False, steps_per_call=probe.steps_per_call)
 
         def trained(checks, name, fixed):
             fixed_mode = dict(mode) if fixed else {}
@@ -140,7 +151,7 @@ def run(quick=False, repeats=5):
         if "checks" not in groups:
             if "xla" in groups and size.name in _xla_models():
                 rows.extend(_xla_step_rows(size, dataset, fit_args, samples, repeats,
-                                           settle_seconds, probe.steps_per_call))
+                                           settle_seconds, steps_per_call))
             continue
         results = alternate([trained("none", names["base"], False),
                              trained("defaults", names["checked"], False),
@@ -156,7 +167,7 @@ def run(quick=False, repeats=5):
                              TARGETS.get(kind_of.get(name)), size.name))
         if not quick and "xla" in groups and size.name in _xla_models():
             rows.extend(_xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds,
-                                       probe.steps_per_call))
+                                       steps_per_call))
     return {
         "columns": [("model", "model"), ("approach", "approach"),
                     ("samples_per_s", "samples/s"), ("baseline", "compared with"),
