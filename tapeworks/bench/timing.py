@@ -62,18 +62,6 @@ def quartiles(values):
     return median, q1, q3
 
 
-def paired_overhead(runs, base_runs):
-    """Percent overhead of `runs` over `base_runs`, paired round by round.
-
-    Both are samples/s from the same `alternate` call, one per round; the
-    two runs of a round ran close in time, so a slow stretch of a shared
-    machine mostly hits both. Returns (median, first quartile, third
-    quartile) of the rounds' overheads: the quartiles say how far one
-    round's pair can be trusted, which a ratio of two medians does not show.
-    """
-    return quartiles(100.0 * (base / run - 1.0) for run, base in zip(runs, base_runs))
-
-
 def median_interval(values, confidence=0.95):
     """(median, low, high): the median of `values` and a confidence interval for it.
 
@@ -95,11 +83,14 @@ def median_interval(values, confidence=0.95):
 
 
 def paired_overhead_interval(runs, base_runs, confidence=0.95):
-    """As `paired_overhead`, with a confidence interval of the median instead of quartiles.
+    """Percent overhead of `runs` over `base_runs`, paired round by round.
 
-    Returns (median, low, high) of the rounds' percent overheads: many short
-    rounds give an interval narrow enough to tell a 2% cost from nothing on a
-    machine whose single rounds disagree by 10 points.
+    Both are samples/s from the same `alternate` call, one per round; the
+    two runs of a round ran close in time, so a slow stretch of a shared
+    machine mostly hits both. Returns (median, low, high) of the rounds'
+    overheads, with the median's confidence interval (`median_interval`):
+    many short rounds give an interval narrow enough to tell a 2% cost from
+    nothing on a machine whose single rounds disagree by 10 points.
     """
     return median_interval((100.0 * (base / run - 1.0) for run, base in zip(runs, base_runs)),
                            confidence)
