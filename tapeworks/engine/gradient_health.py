@@ -2,8 +2,9 @@
 
 The step already reduces every gradient to one number for the non-finite
 check (`nonfinite.NonFiniteGuard`); that number is each gradient's Euclidean
-norm (`gradient_norms`), so the same reduction also tells which gradients are
-identically zero, and gives the gradient monitor its norms
+norm (`gradient_norms`; in an XLA step its largest magnitude:
+`gradient_sentinels`), so the same reduction also tells which gradients are
+identically zero. The gradient monitor computes the norms themselves
 (`monitor.GradientMonitor`). `tf.math.reduce_euclidean_norm` is one kernel
 and one pass over the gradient, the cost `reduce_sum` had.
 
@@ -52,6 +53,31 @@ def gradient_norms(gradients, xla=False):
     return norms
 
 
+def gradient_sentinels(gradients, xla=False):
+    """One float32 value per gradient for the non-finite check and the dead-gradient count.
+
+    Non-finite exactly when the gradient holds a NaN or an Inf, and 0 exactly
+    when `gradient_norms` reads 0 (None stays None). In TensorFlow steps it is
+    the norm. In an XLA step it is the largest magnitude, a NaN read as Inf
+    (XLA's max on a CPU skips NaN), and 0 where its square underflows as the
+    norm's squares do: XLA on a CPU vectorises a max but not a float sum,
+    whose order of additions it keeps; one-off, over the large bench MLP's
+    21 MB of gradients, 3.2 ms against 9.6 ms for the sum of squares
+    (TensorFlow's norm 1.8 ms).
+    """
+    if not xla:
+        return gradient_norms(gradients)
+    sentinels = []
+    for g in gradients:
+        if g is None:
+            sentinels.append(None)
+            continue
+        values = tf.abs(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
+        largest = tf.reduce_max(tf.where(tf.math.is_nan(values), float("inf"), values))
+        sentinels.append(tf.where(largest * largest == 0.0, 0.0, largest))
+    return sentinels
+
+
 class Untracked:
     """Variables held by a tf.Module without becoming its own.
 
@@ -65,7 +91,8 @@ class Untracked:
 
 
 class DeadGradients(tf.Module):
-    """Gradient norms summed since the host last looked, per variable of one update."""
+    """Gradient sentinels (`gradient_sentinels`) summed since the host last looked, per
+    variable of one update."""
 
     def __init__(self, variables):
         super().__init__(name="dead_gradients")
@@ -76,7 +103,7 @@ class DeadGradients(tf.Module):
                                     trainable=False, name="gradient_norm_sum")
 
     def observe(self, variables, norms):
-        """In the graph: adds this step's gradient norms to the window's sums.
+        """In the graph: adds this step's gradient sentinels to the window's sums.
 
         `variables` and `norms` are the pairs that had a gradient; a variable
         with no gradient (allowed by `allow_missing_gradients`) adds -1, so

@@ -90,8 +90,9 @@ class NonFiniteGuard(tf.Module):
     def verdict(self, loss, norms, *, loss_scaled):
         """True when `loss` (unscaled) and the gradients are finite; counts a false one.
 
-        `norms` are the gradients' norms (`gradient_health.gradient_norms`):
-        reductions the step needs anyway, so the verdict adds an `add_n`.
+        `norms`: one value per gradient, non-finite exactly when it is
+        (`gradient_health.gradient_sentinels`): reductions the dead-gradient
+        count shares, so the verdict adds an `add_n`.
         """
         total = tf.cast(loss, tf.float32)
         if not loss_scaled:

@@ -142,7 +142,7 @@ class Updater:
         if norms is None and ((guarded and verdict is None) or self.dead is not None):
             # One reduction per gradient serves the non-finite check and the
             # dead-gradient count alike (None for a missing gradient).
-            norms = gradient_health.gradient_norms(gradients, xla=self.xla_step)
+            norms = gradient_health.gradient_sentinels(gradients, xla=self.xla_step)
         if self.dead is not None:
             self.dead.observe(variables, norms)
         if guarded:
@@ -383,7 +383,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
                     if index not in gradients_of:
                         gradients_of[index] = precision.unscale(
                             tape.gradient(objective, updater.variables))
-                    norms_of[index] = gradient_health.gradient_norms(
+                    norms_of[index] = gradient_health.gradient_sentinels(
                         gradients_of[index], xla=updater.xla_step)
                     verdicts.append(guard.verdict(
                         loss, norms_of[index], loss_scaled=precision.checks_finite))

@@ -279,3 +279,23 @@ def test_monitor_every_is_validated():
     with pytest.raises(ConfigError, match="larger than `capture_every` \\(4\\): a call would "
                                           "hold several captures"):
         Trainer(small_model(), "sgd", "mse", capture_every=4, steps_per_call=8)
+
+
+@pytest.mark.parametrize("xla", [False, True], ids=["tensorflow", "xla"])
+def test_gradient_sentinels_are_non_finite_and_zero_exactly_when_the_gradient_is(xla):
+    from tapeworks.engine.gradient_health import gradient_sentinels
+
+    nan, inf = float("nan"), float("inf")
+    gradients = [tf.constant([1.0, -4.0, 2.0]), tf.constant([[1.0, nan], [0.0, 0.0]]),
+                 tf.constant([-inf, 1.0]), tf.zeros([2, 3]),
+                 tf.constant([1e-20, -1e-20]),   # its squares underflow: read as zero
+                 tf.IndexedSlices(tf.constant([[0.0, inf]]), tf.constant([1])), None]
+    sentinels = tf.function(lambda: gradient_sentinels(gradients[:-1], xla=xla),
+                            jit_compile=xla, autograph=False)() + [None]
+    values = [None if s is None else float(s) for s in sentinels]
+    # The norm in TensorFlow steps, the largest magnitude in XLA.
+    assert values[0] == pytest.approx(math.sqrt(21.0) if not xla else 4.0)
+    assert not math.isfinite(values[1]) and not math.isfinite(values[2])
+    assert values[3] == 0.0 and values[4] == 0.0
+    assert not math.isfinite(values[5])
+    assert values[6] is None
