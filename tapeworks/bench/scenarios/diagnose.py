@@ -16,10 +16,11 @@ The same MLP trained, alternating, on the `loops` small and large MLPs:
 - for models whose gradients reach the split's 16 MiB (the large MLP), in
   fixed XLA steps: no checks, the defaults inside the whole XLA step, and the
   defaults with the step split around them (`_xla_step_rows`); and, as a
-  bound, the gradients' norms alone on tensors of their shapes (TensorFlow's
-  reduction and XLA's), timed in the same rounds: the least any check that
-  reads every gradient in a pass of its own adds to a step, on this machine's
-  memory bandwidth (each read is a call of its own: a call's ~0.1 ms is in it).
+  bound, the checks' reductions alone on tensors of the gradients' shapes
+  (TensorFlow's norm, and XLA's largest magnitude), timed in the same
+  rounds: the least any check that reads every gradient in a pass of its own
+  adds to a step, on this machine's memory bandwidth (each read is a call of
+  its own: a call's ~0.1 ms is in it).
 
 Each timed repeat is a short fit (about a quarter of a second: whole epochs,
 or whole calls of a longer epoch), and there are many rounds of them: on a
@@ -283,11 +284,11 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
 
 
 def _gradient_read(name, size, steps, samples, xla):
-    """The bound's approach: the gradients' norms alone, `steps` times, on tensors of
-    the gradients' shapes (`gradient_health.gradient_norms`, as the checks compute them)."""
+    """The bound's approach: the checks' reductions alone, `steps` times, on tensors of
+    the gradients' shapes (`gradient_health.gradient_sentinels`, as the checks compute them)."""
     import tensorflow as tf
 
-    from tapeworks.engine.gradient_health import gradient_norms
+    from tapeworks.engine.gradient_health import gradient_sentinels
 
     shapes = [s for a, b in zip(size.widths, size.widths[1:]) for s in ((a, b), (b,))]
     gradients = [tf.Variable(tf.random.normal(shape), trainable=False) for shape in shapes]
@@ -295,7 +296,7 @@ def _gradient_read(name, size, steps, samples, xla):
     @tf.function(jit_compile=xla, autograph=False)
     def norms_once():
         # A variable's value read in the function, as a step reads its gradients.
-        return tf.reduce_all(tf.math.is_finite(tf.stack(gradient_norms(
+        return tf.reduce_all(tf.math.is_finite(tf.stack(gradient_sentinels(
             [tf.convert_to_tensor(g) for g in gradients], xla=xla))))
 
     def run():
