@@ -22,6 +22,8 @@ Per-step checks (numerics, gradient monitors) plug in at `StepHooks`: each hook
 sees the loss and the (gradient, variable) pairs of every update, in the graph.
 """
 
+import math
+
 import keras
 import tensorflow as tf
 
@@ -430,13 +432,18 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
 
 
 # Gradients from this size (bytes) make an XLA step with checks on a CPU run
-# split (`Trainer._splits_xla_step`). One-off, this project's 2-core CPU,
-# seconds per epoch over no checks, the defaults' checks in a whole XLA step
-# against split: MLPs with 0.4 MB of gradients +10% against +44%, 1.3 MB
-# +24% / +30%, 5.2 MB +17% / +22%, 10.5 MB +12% / +14%, the large bench MLP's
-# 21 MB +36% / +10%. Split costs two XLA calls and TensorFlow's ops a step; it
-# pays once XLA's reduction of gradients this large is the slower part.
-SPLIT_MIN_GRADIENT_BYTES = 16 * 2 ** 20
+# split (`Trainer._splits_xla_step`): none, since the checks read each
+# gradient's largest magnitude inside XLA (`gradient_health.gradient_sentinels`).
+# While they read its sum of squares (XLA's float sums are not vectorised on a
+# CPU), the split paid from about 16 MiB (one-off, the defaults' checks over
+# no checks, whole against split: 10.5 MB +12% / +14%, the large bench MLP's
+# 21 MB +36% / +10%). With the largest magnitude, the large MLP's whole step
+# costs 2.0% [0.8, 3.6] against 6.0% [4.5, 8.8] split (`tapeworks bench
+# diagnose`, 40 paired rounds), and a 75 MB MLP 2.7% [1.4, 3.4] against
+# 1.8% [0.1, 3.9] (one-off, 30 rounds): nothing left for the split to win.
+# The split stays, tested, for a size where it may again (set per trainer:
+# `Trainer._split_min_bytes`).
+SPLIT_MIN_GRADIENT_BYTES = math.inf
 
 
 def differentiates_once(updates):

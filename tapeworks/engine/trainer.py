@@ -59,10 +59,7 @@ class Trainer:
             list/dict of those for a multi-output model.
         metrics: Keras metrics or their names, as in `model.compile`.
         loss_weights: weights of the losses of a multi-output model.
-        jit_compile: True (the whole step through XLA; on a CPU, for
-            large gradients that a check reads, the forward and backward
-            passes and the update each through XLA, the checks between them
-            in TensorFlow: `_splits_xla_step`), False (tf.function),
+        jit_compile: True (the whole step through XLA), False (tf.function),
             "update" (tf.function, with only the optimizer update fused by
             XLA) or "auto" (measure them, keep the fastest).
         steps_per_call: steps run inside one graph call, or "auto".
@@ -1797,18 +1794,15 @@ class Trainer:
     def _splits_xla_step(self, jit, monitored, guarded):
         """Whether an XLA train step runs split: XLA gradients, checks in TensorFlow, XLA update.
 
-        The checks reduce every gradient to its norm once a step. Inside an
-        XLA step on a CPU that reduction is XLA's own; for large gradients it
-        is several times slower than TensorFlow's multi-threaded
-        `reduce_euclidean_norm` (one-off, the large bench MLP's 21 MB of
-        gradients: 9.0-10.9 ms against 2.3-2.8 ms; rewriting it as columns
-        or a dot product did not help), and the checks cost such a step a
-        third. Split, the norms run in TensorFlow between two XLA functions:
-        the forward and backward passes, and the fused update
-        (`jit_compile="update"`'s). Split costs two XLA calls a step, so only
-        for gradients of `step.SPLIT_MIN_GRADIENT_BYTES` or more, when some
-        check reads them, on one device; on a GPU XLA's reductions are
-        parallel and the step stays whole.
+        Split, the checks' reductions run in TensorFlow between two XLA
+        functions: the forward and backward passes, and the fused update
+        (`jit_compile="update"`'s). It paid on a CPU while the checks read
+        each gradient's sum of squares inside XLA (unvectorised there: a
+        third of the large bench MLP's step); since they read its largest
+        magnitude (`gradient_health.gradient_sentinels`) the whole step costs
+        less, and `step.SPLIT_MIN_GRADIENT_BYTES` (the gradients' size from
+        which to split) is infinite: see its comment. Only when some check
+        reads the gradients, on one device, and never on a GPU.
         """
         if jit is not True or self.run_eagerly or replicas.is_replicated(self._strategy):
             return False

@@ -213,16 +213,19 @@ XLA_SPLIT = "defaults [fixed XLA/{n}], the step split around the checks"
 BOUND = "bound: one read of the gradients alone ({how}), per step"
 
 
-def _xla_models():
-    """The models whose whole-XLA step is also timed: DIAGNOSE_XLA_MODELS, or those
-    whose gradients reach the split's threshold (the large MLP)."""
-    from tapeworks.engine import step
+# Models with gradients from this size (the large MLP) also get the XLA rows:
+# where the split once paid (`step.SPLIT_MIN_GRADIENT_BYTES`).
+XLA_ROWS_MIN_GRADIENT_BYTES = 16 * 2 ** 20
 
+
+def _xla_models():
+    """The models whose XLA steps are also timed: DIAGNOSE_XLA_MODELS (names joined
+    by ";"), or those with gradients of XLA_ROWS_MIN_GRADIENT_BYTES or more."""
     if os.environ.get("DIAGNOSE_XLA_MODELS") is not None:
-        return [m for m in os.environ["DIAGNOSE_XLA_MODELS"].split(",") if m]
+        return [m for m in os.environ["DIAGNOSE_XLA_MODELS"].split(";") if m]
     return [size.name for size in SIZES
             if sum(4 * (a * b + b) for a, b in zip(size.widths, size.widths[1:]))
-            >= step.SPLIT_MIN_GRADIENT_BYTES]
+            >= XLA_ROWS_MIN_GRADIENT_BYTES]
 
 
 def _row(model, name, result, baseline_name, baseline, target, group):
@@ -258,8 +261,8 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
         trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
                           plan_cache=False, jit_compile=True, steps_per_call=steps_per_call,
                           **CHECKS["none" if kind == "none" else "defaults"])
-        if kind == "whole":
-            trainer._split_min_bytes = float("inf")
+        # Whatever the default: the whole step, or the step split.
+        trainer._split_min_bytes = float("inf") if kind == "whole" else 0
         return Approach(names[kind], lambda: (trainer.fit(dataset, verbose=0, **fit_args),
                                               samples)[1],
                         setup=lambda: settle_trainer(trainer, dataset,
