@@ -228,14 +228,26 @@ def _xla_models():
             >= XLA_ROWS_MIN_GRADIENT_BYTES]
 
 
-def _row(model, name, result, baseline_name, baseline, target, group):
-    """One table row: `result` against `baseline` (both from the same `alternate` call)."""
+def _row(model, name, result, baseline_name, baseline, target, group, share=False):
+    """One table row: `result` against `baseline` (both from the same `alternate` call).
+
+    `share`: a bound's row, whose "overhead" is its time per step as a percent
+    of the baseline's step, round by round: what any check that reads every
+    gradient in a pass of its own adds at least.
+    """
     base = baseline["samples_per_s"]
-    median, low, high = paired_overhead_interval(result["runs"], baseline["runs"])
+    if share:
+        median, low, high = median_interval(
+            100.0 * b / r for r, b in zip(result["runs"], baseline["runs"]))
+        overhead = 100 * base / result["samples_per_s"]
+    else:
+        median, low, high = paired_overhead_interval(result["runs"], baseline["runs"])
+        overhead = 100 * (base / result["samples_per_s"] - 1)
     own = name == baseline_name
     return {"model": model, "approach": name, "samples_per_s": result["samples_per_s"],
-            "baseline": baseline_name, "vs_baseline": result["samples_per_s"] / base,
-            "overhead_percent": 100 * (base / result["samples_per_s"] - 1),
+            "baseline": baseline_name,
+            "vs_baseline": None if share else result["samples_per_s"] / base,
+            "overhead_percent": overhead,
             "paired_median": median, "paired_low": low, "paired_high": high,
             "paired": "" if own else f"{median:.1f} [{low:.1f}, {high:.1f}]",
             "target": "" if target is None else f"{target:g}",
@@ -272,18 +284,9 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
     results = alternate([trained(kind) for kind in names]
                         + [_gradient_read(name, size, steps, samples, xla)
                            for name, xla in bounds.items()], repeats)
-    rows = [_row(size.name, name, result, names["none"], results[names["none"]], None,
-                 size.name + " (XLA)") for name, result in results.items()]
-    for row in rows:
-        if row["approach"] in bounds:
-            # Its time per step as a share of no checks' step: what any check
-            # that reads every gradient in a pass of its own adds at least.
-            base = results[names["none"]]
-            median, low, high = _share_interval(results[row["approach"]]["runs"], base["runs"])
-            row.update(overhead_percent=100 * base["samples_per_s"] / row["samples_per_s"],
-                       paired_median=median, paired_low=low, paired_high=high,
-                       paired=f"{median:.1f} [{low:.1f}, {high:.1f}]", vs_baseline=None)
-    return rows
+    return [_row(size.name, name, result, names["none"], results[names["none"]], None,
+                 size.name + " (XLA)", share=name in bounds)
+            for name, result in results.items()]
 
 
 def _gradient_read(name, size, steps, samples, xla):
@@ -309,8 +312,3 @@ def _gradient_read(name, size, steps, samples, xla):
         return samples
 
     return Approach(name, run)
-
-
-def _share_interval(runs, base_runs):
-    """Percent of a baseline repeat's time that a repeat of `runs` took, round by round."""
-    return median_interval(100.0 * base / run for run, base in zip(runs, base_runs))
