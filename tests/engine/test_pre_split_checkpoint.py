@@ -1,0 +1,66 @@
+"""Checkpoints written by the code before the Trainer's split still load, bit for bit.
+
+The fixtures in tests/fixtures/pre_split/ were written once by `make.py` there,
+at commit dd50b96 (before `engine/trainer.py` was split): a `fit(checkpoint_dir=)`
+folder and a `trainer.checkpoint` write, with every variable's value after that fit.
+"""
+
+import os
+import shutil
+
+import numpy as np
+
+from tests.fixtures.pre_split import make
+
+FIXTURES = os.path.dirname(make.__file__)
+
+
+def values(trainer):
+    found = {}
+    # By position: layer names get a process-wide counter (dense_3).
+    for i, v in enumerate(v for m in trainer.task.models for v in m.variables):
+        found[f"model/{i}"] = v.numpy()
+    for i, v in enumerate(trainer.optimizer.variables):
+        found[f"optimizer/{i}"] = v.numpy()
+    found["counters/step"] = trainer.counters.step.numpy()
+    found["counters/epoch"] = trainer.counters.epoch.numpy()
+    return found
+
+
+def assert_same(found, expected):
+    assert sorted(found) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(found[name], expected[name], err_msg=name)
+
+
+def test_run_folder_written_before_the_split_resumes_as_finished(tmp_path):
+    expected = dict(np.load(os.path.join(FIXTURES, "expected.npz")))
+    folder = tmp_path / "run"
+    shutil.copytree(os.path.join(FIXTURES, "run"), folder)
+    trainer = make.build()
+    x, y = make.data()
+    history = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, checkpoint_dir=str(folder))
+    assert history.history == {}   # nothing left to train
+    assert_same(values(trainer), expected)
+
+
+def test_run_folder_written_before_the_split_goes_on_as_an_uninterrupted_run(tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(os.path.join(FIXTURES, "run"), folder)
+    x, y = make.data()
+    resumed = make.build()
+    resumed.fit(x, y, batch_size=8, epochs=3, verbose=0, checkpoint_dir=str(folder))
+    straight = make.build()
+    straight.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                 checkpoint_dir=str(tmp_path / "straight"))
+    assert_same(values(resumed), values(straight))
+
+
+def test_user_checkpoint_written_before_the_split_reads_into_a_fresh_trainer():
+    expected = dict(np.load(os.path.join(FIXTURES, "expected.npz")))
+    trainer = make.build()
+    x, y = make.data()
+    trainer.build_state(x, y, batch_size=8)
+    trainer.checkpoint.read(os.path.join(FIXTURES, "user", "ckpt")) \
+        .assert_existing_objects_matched()
+    assert_same(values(trainer), expected)
