@@ -16,7 +16,7 @@ _xla_cache.enable()
 _EXPORTS = {
     "Trainer": "tapeworks.engine.trainer",
     "Task": "tapeworks.engine.task",
-    "StepHooks": "tapeworks.engine.step",
+    "StepHooks": "tapeworks.engine.updater",
     "CaptureCallback": "tapeworks.engine.capture",
     "StaticWeights": "tapeworks.engine.weighting",
     "ScheduledWeights": "tapeworks.engine.weighting",

@@ -41,47 +41,26 @@ run train in the mode that wins instead.
 
 Every call is a real training call: no data is thrown away. An XLA failure to
 compile is caught on the mode's first call and that batch is trained without
-XLA (see `Trainer._run_first_step`).
+XLA (see `CallLoop.first_step`).
 
-Start costs, measured on this project's 2-core CPU with the schedule above
-(tf.function's loop call against an XLA mode's first step plus its first
-loop call, one-off runs of `bench wallclock`'s models, 2026-11-30): the
-XLA-fused update started in 1.31x (digits CNN), 1.48x (large MLP), 1.65x
-(small MLP) and 1.72x (super-resolution) tf.function's start; whole-step
-XLA in 3.5x (large MLP) and 4.2x (digits CNN). Measured again on a slower
-machine on 2026-12-01, after the split XLA step (`tuning["start_seconds"]`,
-one run each): the update 1.65x (digits CNN), 1.03x (large MLP), 1.89x
-(super-resolution); whole-step XLA 4.81x (digits CNN), 2.87x (large MLP).
-`XLA_START_RATIO` rounds the largest up. Those cold starts are what it
-predicts; with XLA's persistent cache (`tapeworks.xla_cache`) a later
-process's start is lower, which the prediction does not know. Whole-step
-XLA's start over the update's: 3.2x and 2.4x (first runs), 2.9x and 2.8x
-(second), so `START_OVER_UPDATE` predicts it from the update's once that has
-started. (An earlier schedule gave tf.function a separate first step too;
-its ratios, 2.3x and 5.3x, were against a cheaper start.) The first
-run of `bench wallclock` also showed that a tf.function start with a
-separate first step cost one more trace than a fixed mode (0.27 s of 2.6 s
-on the digits CNN): tf.function now starts with its loop call.
+The start costs behind `XLA_START_RATIO` and `START_OVER_UPDATE`, as measured,
+are in docs/ARCHITECTURE.md ("How auto measures XLA's start").
 """
 
 import dataclasses
 import math
 import statistics
 
+from tapeworks.engine import call_timing
+from tapeworks.engine.call_timing import MIN_ROUNDS
+
 PROBE_STEPS = 8          # the least second number of steps per call probed
 PROBE_SECONDS = 0.02     # ... raised until such a call lasts about this long
 ROUNDS = 5               # timed repeats of each probe at most (medians of these; with
                          # tf.data's autotuning model on, steps flip between two speeds, so
                          # three were too few)
-MIN_ROUNDS = 2           # ... and at least: rounds stop early once the answer is clear
-SETTLED_SPREAD = 0.05    # a mode's rounds are clear when each probe's timings lie within
-                         # this share of their least
-OVERHEAD_SHARE = 0.005   # target share of a call spent on per-call overhead (at 2%:
-                         # 5 steps per call on the large MLP of `bench loops`, 10,846
-                         # samples/s against 10,935 for Keras' fit with 32 steps per
-                         # execution; at 0.5%: 14 steps, 11,000 against 11,047)
+# MIN_ROUNDS, SETTLED_SPREAD, OVERHEAD_SHARE, MAX_SECONDS_PER_CALL: `call_timing`.
 MAX_STEPS_PER_CALL = 256
-MAX_SECONDS_PER_CALL = 1.0
 MAX_RETRIES = 2          # a timed call cut short (end of data) is run again
 XLA_START_RATIO = {"update": 2.0, True: 5.0}   # start cost / tf.function's (measured at
                                                # most 1.89 and 4.81: see above)
@@ -96,7 +75,7 @@ FIRST, WARM, TIMED, CHOSEN, HOLD = "first", "warm", "timed", "chosen", "hold"
 
 
 @dataclasses.dataclass(frozen=True)
-class Probe:
+class PlannedCall:
     """One call: XLA or not, how many steps, and what the call is for."""
 
     jit: object   # False, True or "update"
@@ -179,16 +158,20 @@ class CallPlanner:
         """The execution mode of the next call (the chosen one once chosen)."""
         return self.next_call().jit
 
+    def queued(self):
+        """The planned calls still waiting, in order (a copy)."""
+        return list(self._queue)
+
     def next_call(self):
-        """Returns the `Probe` to run next."""
+        """Returns the `PlannedCall` to run next."""
         if self.choice is not None:
-            return Probe(self.choice.jit_compile, self.choice.steps_per_call, CHOSEN)
+            return PlannedCall(self.choice.jit_compile, self.choice.steps_per_call, CHOSEN)
         if not self._queue:
             # Waiting to learn how long the run is (data of unknown length):
             # train in the best mode measured so far meanwhile.
             best = self._estimate(False) or self._estimate(self._modes[0])
             steps = best[1].steps_per_call if best else 1
-            return Probe(self._modes[0] if best is None else best[1].jit_compile, steps, HOLD)
+            return PlannedCall(self._modes[0] if best is None else best[1].jit_compile, steps, HOLD)
         return self._queue[0]
 
     def status(self):
@@ -371,8 +354,8 @@ class CallPlanner:
         so it traces once, as a fixed mode would.
         """
         if mode is False:
-            return [Probe(mode, 1, WARM)]
-        return [Probe(mode, 1, FIRST), Probe(mode, 1, WARM)]
+            return [PlannedCall(mode, 1, WARM)]
+        return [PlannedCall(mode, 1, FIRST), PlannedCall(mode, 1, WARM)]
 
     def _timed_rounds(self, mode):
         options = list(self._step_options)
@@ -382,46 +365,22 @@ class CallPlanner:
             # make the longer probe last about PROBE_SECONDS.
             wanted = math.ceil(PROBE_SECONDS / max(warm, 1e-6))
             options[1] = max(options[1], min(wanted, self._max_steps, self._cap))
-        return [Probe(mode, n) for _ in range(ROUNDS) for n in options]
+        return [PlannedCall(mode, n) for _ in range(ROUNDS) for n in options]
 
     def _this_runs_calls(self, mode):
         calls = self._calls.get(mode, [])
         return calls[self._restored_calls:] if mode is False else calls
 
     def _rounds_are_clear(self, mode):
-        """Whether `mode`'s timed rounds so far already tell its speed.
-
-        After at least MIN_ROUNDS complete rounds, when each probe's timings
-        lie within SETTLED_SPREAD of each other, more rounds would only
-        repeat them: the rest are dropped, and the steps they would have run
-        train in the next mode (for a large model's 0.1 s steps, three more
-        rounds of 1 and 8 steps are 27 steps in a mode that may be the
-        slowest). Tiny models' millisecond calls rarely settle that tightly
-        and keep all ROUNDS, which cost them little.
-        """
-        by_steps = {}
-        for n, _, seconds in self._this_runs_calls(mode):
-            by_steps.setdefault(n, []).append(seconds)
-        counts = {len(v) for v in by_steps.values()}
-        if len(counts) != 1 or min(counts) < MIN_ROUNDS:
-            return False   # a round is not complete yet
-        if self._fixed_steps is None and len(by_steps) < 2:
-            return False
-        return all(max(v) <= min(v) * (1 + SETTLED_SPREAD) for v in by_steps.values())
+        """Whether `mode`'s timed rounds so far already tell its speed (`call_timing`)."""
+        return call_timing.rounds_are_clear(self._this_runs_calls(mode),
+                                            fixed_steps=self._fixed_steps is not None)
 
     def _check_is_clear(self):
-        """Whether the winner's check against one-step tf.function is already decided.
-
-        After MIN_ROUNDS complete rounds, when every call of one is faster
-        per sample than every call of the other, the medians cannot change
-        sides in the rounds left.
-        """
-        chosen = self._checks.get((self._candidate.jit_compile,
-                                   self._candidate.steps_per_call), [])
-        baseline = self._checks.get((False, 1), [])
-        if len(chosen) != len(baseline) or len(chosen) < MIN_ROUNDS:
-            return False
-        return max(chosen) < min(baseline) or min(chosen) > max(baseline)
+        """Whether the winner's check against one-step tf.function is already decided."""
+        return call_timing.check_is_clear(
+            self._checks.get((self._candidate.jit_compile, self._candidate.steps_per_call), []),
+            self._checks.get((False, 1), []))
 
     def _after_mode(self):
         """A mode's timed rounds are done: try the next XLA mode that can pay, or choose."""
@@ -575,7 +534,7 @@ class CallPlanner:
             self._candidate = candidate
             self._checks = {}   # a check of its own (an earlier one's calls are not its rounds)
             chosen = (candidate.jit_compile, candidate.steps_per_call)
-            self._queue = [Probe(*p) for _ in range(ROUNDS) for p in (chosen, (False, 1))]
+            self._queue = [PlannedCall(*p) for _ in range(ROUNDS) for p in (chosen, (False, 1))]
 
     def _conclude(self):
         chosen = self._median_check((self._candidate.jit_compile,
@@ -612,28 +571,10 @@ class CallPlanner:
         return choice
 
     def _estimate(self, mode):
-        """(seconds per sample, Choice) for `mode` from its timed calls."""
-        calls = self._calls.get(mode)
-        if not calls:
-            return None
-        batch = self._reference_batch
-        if self._fixed_steps is not None:
-            per_sample = statistics.median(t / s for _, s, t in calls)
-            return per_sample, Choice(mode, self._fixed_steps, "")
-        singles = [t for n, _, t in calls if n == 1]
-        if not singles or not any(n > 1 for n, _, _ in calls):
-            return None
-        t1 = statistics.median(singles)
-        step = statistics.median((t - t1) / (n - 1) for n, _, t in calls if n > 1)
-        # A noisy single call can make the increment look free: never let the
-        # step cost fall below a twentieth of the average step of a long call.
-        floor = statistics.median(t / n for n, _, t in calls if n > 1) / 20
-        step = max(step, floor, 1e-7)
-        overhead = max(t1 - step, 0.0)
-        steps = math.ceil(overhead / (OVERHEAD_SHARE * step)) if overhead > 0 else 1
-        steps = max(1, min(steps, self._max_steps,
-                           max(1, int(MAX_SECONDS_PER_CALL / step))))
-        return (step + overhead / steps) / batch, Choice(mode, steps, "")
+        """(seconds per sample, Choice) for `mode` from its timed calls (`call_timing`)."""
+        estimate = call_timing.estimate(self._calls.get(mode), self._reference_batch,
+                                        self._fixed_steps, self._max_steps)
+        return None if estimate is None else (estimate[0], Choice(mode, estimate[1], ""))
 
 
 def describe(mode):

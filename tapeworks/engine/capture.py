@@ -38,6 +38,25 @@ class Capture(tf.Module):
         return int(self.step.numpy()), {name: b.numpy() for name, b in self.buffers.items()}
 
 
+class CaptureDelivery:
+    """Hands newly captured tensors to callbacks with `on_capture` (one read per capture)."""
+
+    def __init__(self, capture):
+        self.capture = capture
+        self.delivered = -1
+
+    def after_call(self, callbacks):
+        if self.capture is None:
+            return
+        if int(self.capture.step.numpy()) == self.delivered:
+            return
+        step_index, tensors = self.capture.read()
+        self.delivered = step_index
+        for callback in callbacks:
+            if hasattr(callback, "on_capture"):
+                callback.on_capture(step_index, tensors)
+
+
 class CaptureCallback(keras.callbacks.Callback):
     """Calls `fn(step, tensors)` with the tensors captured every `capture_every` steps."""
 

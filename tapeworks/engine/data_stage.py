@@ -8,7 +8,9 @@ autotuning model off), and checks the batches against the task: inputs,
 then labels. Every problem is raised here, before the first step.
 """
 
+import dataclasses
 import logging
+import time
 import weakref
 
 import tensorflow as tf
@@ -16,12 +18,68 @@ import tensorflow as tf
 from tapeworks.data import pipeline_check
 from tapeworks.data.pipeline import without_autotuning
 from tapeworks.engine import inputs
+from tapeworks.engine import input_planner as input_planner_lib
 from tapeworks.errors import (ConfigError, CorrectnessWarning, DataSpecError, PerformanceWarning,
                               warn)
 
 logger = logging.getLogger("tapeworks")
 
 _WARNING = {"correctness": CorrectnessWarning, "performance": PerformanceWarning}
+
+
+@dataclasses.dataclass
+class FitData:
+    """What `fit` trains and validates on, prepared and checked once.
+
+    Attributes:
+        train: the training data (`inputs.PreparedData`).
+        validation: the validation data, or None.
+        input_planner: the `input_planner.InputPlanner` choosing how a
+            `tapeworks.data.pipeline` runs (kept across fits on the same
+            pipeline), or None.
+    """
+
+    train: inputs.PreparedData
+    validation: inputs.PreparedData = None
+    input_planner: object = None
+    _epoch: tuple = None    # (settled, traces, start) of the running epoch, when planned
+
+    def batches(self, steps_per_epoch, iterate, point=None, restore_iterator=None):
+        """The `inputs.EpochBatches` walking `train` across epochs, at `point` when resumed.
+
+        `iterate`: makes an iterator of a dataset (`Replication.iterate`);
+        `restore_iterator`: reads a saved tf.data iterator back (or None).
+        """
+        batches = inputs.EpochBatches(self.train, steps_per_epoch, self.input_planner,
+                                      make_iterator=iterate)
+        if point is not None:
+            batches.resume(point.passes, point.batches_drawn,
+                           mid_pass=point.steps_in_epoch > 0 or steps_per_epoch is not None,
+                           restore_iterator=restore_iterator)
+        return batches
+
+    def start_epoch(self, epochs_left, settled, traces):
+        """Before an epoch: the input planner's way for it (`settled`: the call plan is chosen)."""
+        if self.input_planner is not None:
+            self.input_planner.start_epoch(epochs_left, settled)
+            self._epoch = (settled, sum(traces.values()), time.perf_counter())
+
+    def end_epoch(self, samples, settled, traces):
+        """After an epoch: its rate, comparable when nothing was measured or traced in it."""
+        if self.input_planner is not None:
+            was_settled, traced, start = self._epoch
+            self.input_planner.end_epoch(
+                samples, time.perf_counter() - start,
+                comparable=was_settled and settled and sum(traces.values()) == traced)
+
+    def announce_input_choice_once(self, verbose):
+        planner = self.input_planner
+        if planner is None or planner.choice is None or planner.announced:
+            return
+        planner.announced = True
+        if verbose:
+            print(planner.summary())
+        logger.info("%s", planner.summary())
 
 
 class DataStage:
@@ -41,10 +99,61 @@ class DataStage:
         # user dataset -> (findings, train it without tf.data's autotuning model?,
         # does every new iterator yield the same batches?)
         self._read = weakref.WeakKeyDictionary()
+        # The input planner of the last built pipeline fitted on (a weak reference
+        # to that pipeline, the planner): measuring goes on across fit calls.
+        self._input_planning = (None, None)
+
+    @property
+    def input_planner(self):
+        """The input planner of the last pipeline fitted on, or None."""
+        return self._input_planning[1]
 
     def for_fit(self, x, y, sample_weight, *, batch_size, shuffle, class_weight,
                 steps_per_epoch, validation_split, validation_data, validation_batch_size,
-                validation_steps):
+                validation_steps, epochs_to_run, plan_input):
+        """`FitData` for `fit`'s arguments.
+
+        `epochs_to_run`: epochs this fit runs (a generator object is read
+        once); `plan_input`: choose how a `tapeworks.data.pipeline` runs by
+        measurement (not when resuming: the data position is the checkpoint's).
+        """
+        train, validation = self._for_fit(
+            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
+            class_weight=class_weight, steps_per_epoch=steps_per_epoch,
+            validation_split=validation_split, validation_data=validation_data,
+            validation_batch_size=validation_batch_size, validation_steps=validation_steps)
+        if not train.reusable and steps_per_epoch is None and epochs_to_run > 1:
+            raise DataSpecError(
+                f"`x` is a generator object, which can be read only once, and fit was asked "
+                f"for {epochs_to_run} epochs. Expected data that can be read again "
+                "each epoch. Fix: pass the generator *function* (tapeworks calls it every "
+                "epoch), a keras.utils.PyDataset or a tf.data.Dataset; or make the "
+                "generator endless and set `steps_per_epoch`.")
+        planner = self._input_planner_for(x, train, steps_per_epoch) if plan_input else None
+        return FitData(train, validation, planner)
+
+    def _input_planner_for(self, x, train, steps_per_epoch):
+        """The input planner for a built pipeline (kept across fits on it), else None.
+
+        Only whole passes are measured: with `steps_per_epoch` the iterator
+        carries over between epochs, so an epoch has no way of its own.
+        """
+        if train.parallelism is None or steps_per_epoch is not None:
+            return None
+        reference, planner = self._input_planning
+        if planner is None or reference() is not x:
+            planner = input_planner_lib.InputPlanner(train.parallelism)
+            self._input_planning = (weakref.ref(x), planner)
+        elif planner.dataset_of_first_way is not train.dataset:
+            # The same ways on this fit's own prepared dataset (a class-weight
+            # map, a take); the rates stay. Otherwise the ways are kept: a new
+            # copy would pay its first iterator's set-up again.
+            planner.use(train.parallelism)
+        return planner
+
+    def _for_fit(self, x, y, sample_weight, *, batch_size, shuffle, class_weight,
+                 steps_per_epoch, validation_split, validation_data, validation_batch_size,
+                 validation_steps):
         """(training data, validation data or None) for `fit`'s arguments."""
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = inputs.split_validation(

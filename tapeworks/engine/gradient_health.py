@@ -24,6 +24,7 @@ if ever.
 import tensorflow as tf
 
 from tapeworks.engine.task import layers_of
+from tapeworks.errors import CorrectnessWarning, warn
 
 # Activations after which a layer's gradient is zero for every sample once
 # all its pre-activations are negative (a "dead" unit).
@@ -125,6 +126,33 @@ class DeadGradients(tf.Module):
         sums = self.norm_sum.numpy()
         self.norm_sum.assign(tf.zeros_like(self.norm_sum))
         return [v for v, total in zip(self._held.items, sums) if total == 0.0]
+
+
+class DeadGradientWatch:
+    """The host side: once `steps` steps have run, one read of the sums, a warning for new dead ones.
+
+    Kept across fits: consecutive steps are consecutive in an epoch-by-epoch
+    fit loop too, and each variable is named once.
+    """
+
+    def __init__(self, sums, steps, owners_of):
+        self.sums = sums              # one DeadGradients per update
+        self.steps = steps
+        self.owners_of = owners_of    # a function: id(variable) -> its layer
+        self.unchecked = 0            # steps run since the host last read the sums
+        self.reported = set()
+
+    def after_call(self, steps_run):
+        if not self.sums:
+            return
+        self.unchecked += steps_run
+        if self.unchecked < self.steps:
+            return
+        window, self.unchecked = self.unchecked, 0
+        found = [v for dead in self.sums for v in dead.dead() if id(v) not in self.reported]
+        if found:
+            self.reported.update(id(v) for v in found)
+            warn(dead_message(found, window, self.owners_of()), CorrectnessWarning)
 
 
 def owners(models):

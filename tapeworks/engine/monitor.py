@@ -207,3 +207,102 @@ class MonitorReport:
                      "units that stopped firing, or a learning-rate schedule that decayed to "
                      "~0. Fix: check the activations' range and the schedule; normalisation "
                      "or residual connections keep gradients flowing.", CorrectnessWarning)
+
+
+class MonitorSchedule:
+    """Which steps of the next call are monitored, and the delivery of their records.
+
+    A monitored step is the k-th step, or with accumulation the first step
+    at or after it that closes a window; the next is the first such step
+    after it. The next step due is worked out from the step counter when
+    unknown (at a fit's start) and moves on only with the records made, so a
+    step the data did not reach stays due.
+    """
+
+    def __init__(self, monitors, every, accumulate, update_state):
+        self.monitors = monitors          # one GradientMonitor per update
+        self.every = every
+        self.accumulate = accumulate
+        self.update_state = update_state  # the first update's accumulators (its micro-step)
+        self.report = MonitorReport()
+        self.next_due = None              # the k-th step due to be monitored next
+        self.records = 0                  # the first monitor's records, as last read
+
+    def start_fit(self):
+        self.next_due = None
+
+    def steps_of_call(self, host_step, num_steps):
+        """The indices of the next call's monitored steps, and the call's length.
+
+        A call holds at most `RECORDS_PER_CALL` monitored steps and then ends
+        on the last (a mode's first call while tuning is one step, monitored
+        when due). `(None, num_steps)` when the call monitors nothing.
+        """
+        if not self.monitors:
+            return None, num_steps
+        every = self.every
+        if self.next_due is None:
+            self.next_due = (host_step // every + 1) * every - 1
+        due, positions = self.next_due, []
+        if host_step + num_steps <= due:
+            return None, num_steps   # the call ends before the due step: no device read
+        pending = int(self.update_state.micro_step.numpy()) if self.accumulate > 1 else 0
+        for index in range(max(0, due - host_step), num_steps):
+            step = host_step + index
+            if step >= due and (pending + index + 1) % self.accumulate == 0:
+                positions.append(index)
+                due = next_kth_step(step, every)
+                if len(positions) == RECORDS_PER_CALL:
+                    return positions, index + 1
+        return positions or None, num_steps
+
+    def rewind(self):
+        """Before a call is replayed: its records are made again, into the same slots."""
+        for monitor in self.monitors:
+            monitor.records.assign(self.records)
+
+    def deliver(self, callbacks, positions, call_start, owners):
+        """After a monitored call: its records per layer into the history, logs and TensorBoard."""
+        records = int(self.monitors[0].records.numpy())
+        made = records - self.records
+        if not made:
+            return {}   # the data ended before the monitored step: it stays due
+        for index in range(made):
+            step = call_start + positions[index]
+            stats = layer_stats(self.monitors, owners, self.records + index)
+            self.report.add(step, stats)
+        self.records = records
+        self.next_due = next_kth_step(step, self.every)
+        self.report.write_tensorboard(callbacks, self.monitors, made)
+        return self.report.logs()
+
+    def keep_gradients_for(self, callbacks):
+        """Whether gradient histograms were just turned on for a TensorBoard that asks for them.
+
+        When True, the monitored step variants traced before must be traced
+        again, to write the gradients' buffers.
+        """
+        wanted = any(isinstance(c, keras.callbacks.TensorBoard) and c.histogram_freq
+                     for c in callbacks)
+        if not self.monitors or not wanted or self.monitors[0].gradients is not None:
+            return False
+        for monitor in self.monitors:
+            monitor.keep_gradients()
+        return True
+
+
+def next_kth_step(step, every):
+    """The first step after `step` (0-based) that is a multiple of `every` when counted from 1."""
+    return ((step + 1) // every + 1) * every - 1
+
+
+def monitored_at(positions, num_steps):
+    """The monitored loop's `monitored_at` argument: `positions`, padded to its fixed length.
+
+    An entry at `num_steps` or beyond is unused. No argument when the call
+    monitors nothing (the plain loop).
+    """
+    if not positions:
+        return ()
+    padded = list(positions) + [num_steps] * (RECORDS_PER_CALL - len(positions))
+    return (tf.constant(padded, tf.int64),)

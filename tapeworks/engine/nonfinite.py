@@ -36,12 +36,13 @@ import os
 import tempfile
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine import replicas
 from tapeworks.engine.task import layers_of
-from tapeworks.errors import ConfigError, TapeworksError
+from tapeworks.errors import ConfigError, CorrectnessWarning, TapeworksError, warn
 
 POLICIES = ("raise", "skip", "warn", None)
 
@@ -150,6 +151,66 @@ class NonFiniteReport:
     batch_stats: list = dataclasses.field(default_factory=list)
     loss_term: str = None      # a non-finite loss term while every layer output is finite
     largest_output: float = float("nan")   # the largest finite magnitude of any layer output
+
+
+class NonFinitePolicy:
+    """The host side of `on_nonfinite` after each call: localise and raise, stop, or warn.
+
+    `stop_training`: Keras' `TerminateOnNaN` is among the callbacks, so
+    "raise" stops training as that callback does, with a warning.
+    """
+
+    def __init__(self, policy, guard, task, counters, directory, local_batch):
+        self.policy = policy
+        self.guard = guard
+        self.task = task
+        self.counters = counters
+        self.directory = directory
+        self.local_batch = local_batch   # a drawn (replicated) batch as one batch
+        self.stop_training = False
+        self.warned = 0
+
+    def start_fit(self, callbacks):
+        self.guard.reset()
+        self.warned = 0
+        self.stop_training = any(isinstance(c, keras.callbacks.TerminateOnNaN)
+                                 for c in callbacks)
+
+    def after_call(self, last, batch_index):
+        """A halted "raise" call localises and raises; "warn" and "skip" report their count.
+
+        `last`: the loop's last batch (an optional), `batch_index`: its index.
+        """
+        if last and self.guard.halted:
+            self.stop(last[0].get_value(), batch_index)
+        self.warn()
+
+    def stop(self, batch, batch_index):
+        """The "raise" policy after a halted call: localise, then raise (or stop)."""
+        # The loop stopped right after the bad step: the last one counted.
+        report = localise(
+            self.task, self.local_batch(batch), self.counters,
+            step=int(self.counters.step.numpy()) - 1, epoch=int(self.counters.epoch.numpy()),
+            batch_index=batch_index, directory=self.directory)
+        text = message(report)
+        if self.stop_training:
+            # Keras' TerminateOnNaN stops training without an error; so does this.
+            warn(f"tapeworks: {text} Training stopped (TerminateOnNaN).", CorrectnessWarning)
+            self.task.model.stop_training = True
+            return
+        raise NonFiniteError(text, report)
+
+    def warn(self):
+        """The "warn" policy: a warning when more non-finite steps were applied."""
+        if self.policy != "warn":
+            return
+        count = int(self.guard.count.numpy())
+        if count > self.warned:
+            self.warned = count
+            warn(f"tapeworks: {count} non-finite step(s) in this fit so far (by step "
+                 f"{int(self.counters.step.numpy()) - 1}); their updates were applied "
+                 "(on_nonfinite=\"warn\"). Fix: on_nonfinite=\"raise\" names where the "
+                 "values turn non-finite.", CorrectnessWarning)
 
 
 def localise(task, batch, counters, *, step, epoch, batch_index, directory=None):

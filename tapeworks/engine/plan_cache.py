@@ -118,8 +118,11 @@ class PlanCache:
         return removed
 
 
-def fingerprint(trainer, batch_size):
-    """(key, description): what decides the plan of `trainer` on batches of `batch_size`."""
+def fingerprint(config, task, precision, element_spec, batch_size):
+    """(key, description): what decides the plan of a Trainer on batches of `batch_size`.
+
+    `config`: its `TrainerConfig`; `element_spec`: of its training batches.
+    """
     import keras
     import tensorflow as tf
 
@@ -130,29 +133,29 @@ def fingerprint(trainer, batch_size):
                  layer.dtype_policy.name, bool(layer.trainable)]
                 for layer in model._flatten_layers(include_self=False)]
 
-    spec = trainer._element_spec
+    spec = element_spec
     what = {
-        "task": type(trainer.task).__name__,
-        "models": [[type(m).__name__, model_summary(m)] for m in trainer.task.models],
+        "task": type(task).__name__,
+        "models": [[type(m).__name__, model_summary(m)] for m in task.models],
         "updates": [[type(u.optimizer).__name__, u.every, len(u.variables())]
-                    for u in trainer.task.updates],
+                    for u in task.updates],
         "batch": [batch_size, str(tf.nest.map_structure(
             lambda s: f"{s.dtype.name}{s.shape.as_list()[1:]}", spec))],
-        "precision": trainer.precision.policy,
-        "accumulate": trainer.accumulate,
-        "clip": [trainer.clip_norm is not None, trainer.clip_value is not None],
+        "precision": precision.policy,
+        "accumulate": config.accumulate,
+        "clip": [config.clip_norm is not None, config.clip_value is not None],
         # Pruning adds work after each update (a mask per kernel, and a cond).
-        "pruning": (None if trainer.pruning is None else
-                    [trainer.pruning.scope, trainer.pruning.structure,
-                     [layer.name for layer in trainer.pruning.layers]]),
-        "settings": [str(trainer._jit_setting), str(trainer._steps_setting),
-                     trainer.capture_every, trainer.run_eagerly, trainer.deterministic],
+        "pruning": (None if config.pruning is None else
+                    [config.pruning.scope, config.pruning.structure,
+                     [layer.name for layer in config.pruning.layers]]),
+        "settings": [str(config.jit_compile), str(config.steps_per_call),
+                     config.capture_every, config.run_eagerly, config.deterministic],
         "device": _device(),
         "versions": [tf.__version__, keras.__version__, tapeworks.__version__],
     }
     text = json.dumps(what, sort_keys=True, default=str)
     key = hashlib.sha256(text.encode()).hexdigest()[:24]
-    description = {"models": [m.name for m in trainer.task.models],
+    description = {"models": [m.name for m in task.models],
                    "batch": what["batch"], "precision": what["precision"],
                    "device": what["device"], "versions": what["versions"]}
     return key, description

@@ -27,9 +27,15 @@ call against 11.7% [8.7, 15.1] for the branch, still over the 2% target, for
 twice the memory.
 """
 
+import logging
 import math
 
 import tensorflow as tf
+
+logger = logging.getLogger("tapeworks")
+
+# Calls replayed (`RollbackPath.replay`) before every step is guarded instead.
+MAX_REPLAYS = 3
 
 # States up to this size use the fast path. A call costs three passes over
 # the state (the copy, the check of the variables and of the copies) and the
@@ -93,3 +99,89 @@ def fits(variables):
             total += math.prod(int(d) for d in variable.shape) * tf.as_dtype(
                 variable.dtype).size
     return total <= MAX_BYTES
+
+
+class RollbackPath:
+    """Whether a call takes the fast path, its snapshot, and the replay of a bad call.
+
+    `disabled_reason` says why the path is off for this trainer (None while
+    it may be taken); `snapshot` is the `CallSnapshot`, made at first use.
+    """
+
+    def __init__(self, state, config, precision, replicated):
+        self.state = state
+        self.config = config
+        self.precision = precision
+        self.replicated = replicated
+        self.snapshot = None
+        self.disabled_reason = None
+        self.replays = 0
+
+    def applies(self, mode, batches):
+        """Whether this call takes the fast path (and the snapshot exists once it does).
+
+        Only where the per-step branch is what costs: tf.function steps (in
+        an XLA step or update the branch is XLA's, and cheap) on one device,
+        with "raise" or "skip", data that can be replayed (arrays; an
+        in-memory pipeline without a shuffle), no loss scale (its own
+        verdict withholds overflowed steps), no captures, and a state small
+        enough to copy once a call.
+        """
+        state = self.state
+        if (self.disabled_reason or mode is not False or self.config.run_eagerly
+                or state.guard is None or not state.guard.blocks_update
+                or self.replicated or state.capture is not None
+                or self.precision.checks_finite or batches is None
+                or not batches.replayable):
+            return False
+        if self.snapshot is None:
+            variables = state.mutable_variables()
+            if not fits(variables):
+                self.disabled_reason = "the state is too large to copy once a call"
+                return False
+            self.snapshot = CallSnapshot(variables)
+        return True
+
+    def confirm(self):
+        """After the first fast call: a variable the first trace created is not in the snapshot.
+
+        The Trainer creates every variable before training; a model that
+        makes one during its first step (a layer built lazily in `call`)
+        would be left out of the copies, so the path is turned off for it.
+        """
+        if self.snapshot.confirmed:
+            return
+        self.snapshot.confirmed = True
+        if len(self.state.mutable_variables()) != len(self.snapshot.variables):
+            self.disabled_reason = "variables were created during the first step"
+
+    def replay(self, batches, run_guarded):
+        """A fast call ended with a non-finite variable: replays it with the guarded step.
+
+        Every variable goes back to the call's start, and the call's batches
+        are drawn again from the rebuilt data (`EpochBatches.replay`), which
+        then stands in for the pass's iterator. `run_guarded(iterator)` runs
+        the call again with the guarded step, which withholds the bad step's
+        update: "raise" stops there and localises, "skip" goes on, as if the
+        call had been guarded from the start. Returns what it returns.
+        """
+        self.snapshot.restore()
+        self.replays += 1
+        if self.replays >= MAX_REPLAYS:
+            # Bad steps are not rare here ("skip" over bad data): a call
+            # run twice each time costs more than a guard on every step.
+            self.disabled_reason = f"{self.replays} calls held non-finite steps"
+        iterator = batches.replay()
+        batches.adopt(iterator)
+        guard = self.state.guard
+        bad_before = int(guard.count.numpy())
+        result = run_guarded(iterator)
+        if int(guard.count.numpy()) == bad_before:
+            # No step was bad: something else held a NaN or Inf (a value
+            # set before the call, a metric of its own). The check of the
+            # whole call cannot tell bad steps here: guard every step.
+            self.disabled_reason = ("a call ended with a non-finite variable that no step "
+                                    "made non-finite")
+            logger.info("tapeworks: the non-finite check goes step by step from here: %s",
+                        self.disabled_reason)
+        return result

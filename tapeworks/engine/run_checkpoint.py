@@ -477,6 +477,15 @@ def symbolic_checkpointing(dataset, saved=None):
     return dataset.with_options(options), True
 
 
+def checkpointable(prepared, saved=None):
+    """`prepared` with its dataset as `symbolic_checkpointing` makes it, and whether symbolic.
+
+    A new `PreparedData`: the data stage's own is not changed.
+    """
+    dataset, symbolic = symbolic_checkpointing(prepared.dataset, saved)
+    return dataclasses.replace(prepared, dataset=dataset), symbolic
+
+
 def symbolic_refusals(dataset):
     """The transformations of `dataset` outside `SYMBOLIC_OPS` (nested pipelines included)."""
     graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())

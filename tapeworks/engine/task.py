@@ -148,7 +148,9 @@ class Task:
         # Per thread: MirroredStrategy traces each replica's step in a thread
         # of its own, and each replica returns its own captured tensors.
         self._capture_local = threading.local()
-        self._capture_specs = {}
+        # The captured tensors' specs, as the compiled step sees them
+        # (`remember_capture_specs`, after the step's losses were traced).
+        self.capture_specs = {}
 
     @property
     def _captures(self):
@@ -161,6 +163,15 @@ class Task:
     @_captures.setter
     def _captures(self, value):
         self._capture_local.captures = value
+
+    def captures(self):
+        """The tensors `capture` marked in this replica's running step (name -> tensor)."""
+        return self._captures
+
+    def remember_capture_specs(self):
+        """Keeps the specs of what the last traced step captured (`capture_specs`)."""
+        self.capture_specs = {name: tf.TensorSpec(t.shape, t.dtype)
+                              for name, t in self._captures.items()}
 
     # Declaring ------------------------------------------------------------
 
@@ -225,7 +236,7 @@ class Task:
             generator = self._random = tf.random.Generator.from_non_deterministic_state()
         return generator
 
-    def _seed_random(self, seed):
+    def seed_random(self, seed):
         """Creates the generator before any tracing (a variable made inside a trace is lost)."""
         if getattr(self, "_random", None) is None:
             self._random = (tf.random.Generator.from_seed(seed) if seed is not None

@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from tapeworks.engine.gradient_health import Untracked
-from tapeworks.engine.step import StepHooks
+from tapeworks.engine.updater import StepHooks
 from tapeworks.errors import ConfigError
 from tapeworks.prune.schedule import ConstantSparsity, PolynomialDecay, _Schedule
 

@@ -152,7 +152,7 @@ def test_trainer_turns_the_autotuning_model_off_only_for_in_memory_data():
     trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
 
     def autotune(dataset):
-        prepared = trainer._data.prepare(dataset, purpose="fit", training=True)
+        prepared = trainer.data_stage.prepare(dataset, purpose="fit", training=True)
         return prepared.dataset.options().autotune.enabled
 
     sliced = source().batch(10)

@@ -144,7 +144,7 @@ def run(strategy, name):
     history = trainer.fit(data, epochs=3, verbose=0, callbacks=callbacks, **kwargs)
     result = {
         "name": name,
-        "replicas": trainer._strategy.num_replicas_in_sync,
+        "replicas": trainer.replication.strategy.num_replicas_in_sync,
         "weights": [w.tolist() for w in model.get_weights()],
         "history": history.history,
         "steps": int(trainer.counters.step.numpy()),

@@ -14,15 +14,10 @@ MODES = {
     "xla-update": dict(jit_compile="update"),
     "xla": dict(jit_compile=True),
     # XLA gradients, the checks in TensorFlow, XLA update: what jit_compile=True
-    # runs on a CPU for large gradients (`Trainer._splits_xla_step`).
-    "xla-split": dict(jit_compile=True),
+    # runs on a CPU for large gradients (`CompiledSteps.splits_xla_step`),
+    # whatever the gradients' size here.
+    "xla-split": dict(jit_compile=True, split_xla_step_bytes=0),
 }
-
-
-def split_xla_step(trainer):
-    """Makes `trainer` split its XLA steps whatever the gradients' size (its threshold alone)."""
-    trainer._split_min_bytes = 0
-    return trainer
 
 
 def _dataset(kind, x, y, batch):
@@ -44,13 +39,11 @@ def test_fit_matches_hand_written_loop(kind, mode, steps_per_call):
     model = models.set_fixed_weights(build())
     trainer = tapeworks.Trainer(model, keras.optimizers.Adam(0.01), "mse",
                                 steps_per_call=steps_per_call, **MODES[mode])
-    if mode == "xla-split":
-        split_xla_step(trainer)
     history = trainer.fit(_dataset(kind, x, y, 8), epochs=3, verbose=0)
 
     # Split, the step's update is the XLA-fused one ("update"'s updaters).
-    fused = any(key[:2] == ("updaters", "update") for key in trainer._loops
-                if isinstance(key, tuple))
+    fused = any(key.kind == "updaters" and key.mode == "update"
+                for key in trainer.compiled.keys())
     assert fused == (mode in ("xla-update", "xla-split"))
     assert len(history.history["loss"]) == 3
     assert int(trainer.optimizer.iterations) == 3 * 7
@@ -71,17 +64,20 @@ def test_an_xla_step_on_a_cpu_splits_only_for_large_gradients_a_check_reads():
     size = step.gradient_bytes(checked.task)
     assert size == 4 * sum(int(np.prod(v.shape)) for v in checked.model.trainable_variables)
     assert size < step.SPLIT_MIN_GRADIENT_BYTES
-    assert not checked._splits_xla_step(True, monitored=False, guarded=True)
-    checked._split_min_bytes = size
-    assert checked._splits_xla_step(True, monitored=False, guarded=True)
-    assert not checked._splits_xla_step("update", monitored=False, guarded=True)
-    assert not checked._splits_xla_step(False, monitored=False, guarded=True)
+    assert not checked.compiled.splits_xla_step(True, monitored=False, checks_finite=True)
+    at_size = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=True,
+                                steps_per_call=2, split_xla_step_bytes=size)
+    at_size.fit((x, y), batch_size=8, verbose=0)
+    assert at_size.compiled.splits_xla_step(True, monitored=False, checks_finite=True)
+    assert not at_size.compiled.splits_xla_step("update", monitored=False, checks_finite=True)
+    assert not at_size.compiled.splits_xla_step(False, monitored=False, checks_finite=True)
     bare = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=True,
-                             steps_per_call=2, on_nonfinite=None, dead_gradient_steps=None)
+                             steps_per_call=2, on_nonfinite=None, dead_gradient_steps=None,
+                             split_xla_step_bytes=0)
     bare.fit((x, y), batch_size=8, verbose=0)
-    bare._split_min_bytes = 0
-    assert not bare._splits_xla_step(True, monitored=False, guarded=True)
-    assert bare._splits_xla_step(True, monitored=True, guarded=True)   # the monitor reads them
+    assert not bare.compiled.splits_xla_step(True, monitored=False, checks_finite=True)
+    # the monitor reads them
+    assert bare.compiled.splits_xla_step(True, monitored=True, checks_finite=True)
     # An update that runs every other step, or differentiates again after its
     # gradients (GradNorm), needs the whole step.
     assert step.differentiates_once(checked.task.updates)

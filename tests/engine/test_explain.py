@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from tapeworks import Trainer
-from tapeworks.explain import Explanation
+from tapeworks.engine.explanation import Explanation
 
 
 def tiny_trainer(**kwargs):

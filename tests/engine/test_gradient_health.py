@@ -21,18 +21,15 @@ from tapeworks.engine.monitor import MonitorReport
 from tapeworks.errors import ConfigError
 
 # "xla-split": XLA gradients, the checks in TensorFlow, XLA update: what
-# "xla" runs on a CPU for large gradients (`Trainer._splits_xla_step`).
-SPLIT_XLA = dict(jit_compile=True)
+# "xla" runs on a CPU for large gradients (`CompiledSteps.splits_xla_step`).
+SPLIT_XLA = dict(jit_compile=True, split_xla_step_bytes=0)   # whatever the gradients' size
 MODES = [dict(run_eagerly=True, jit_compile=False), dict(jit_compile=False),
          dict(jit_compile=True), dict(jit_compile="update"), SPLIT_XLA]
 MODE_IDS = ["eager", "tf.function", "xla", "xla-update", "xla-split"]
 
 
 def trainer_in(mode, *args, **kwargs):
-    trainer = Trainer(*args, **kwargs, **mode)
-    if mode is SPLIT_XLA:
-        trainer._split_min_bytes = 0   # split whatever the gradients' size
-    return trainer
+    return Trainer(*args, **kwargs, **mode)
 
 
 def regression_data(n=64, features=4, outputs=1, seed=0):

@@ -66,16 +66,15 @@ MODES = {
     "xla": dict(jit_compile=True),
     "xla-update": dict(jit_compile="update"),
     # XLA gradients, the checks in TensorFlow, XLA update: what "xla" runs on
-    # a CPU for large gradients (`Trainer._splits_xla_step`).
-    "xla-split": dict(jit_compile=True),
+    # a CPU for large gradients (`CompiledSteps.splits_xla_step`), whatever
+    # the gradients' size here.
+    "xla-split": dict(jit_compile=True, split_xla_step_bytes=0),
 }
 
 
 def trainer_for(model, mode, accumulate=1, **options):
     trainer = Trainer(model, keras.optimizers.SGD(0.1), "mse", steps_per_call=2,
                       accumulate=accumulate, seed=0, **MODES[mode], **options)
-    if mode == "xla-split":
-        trainer._split_min_bytes = 0   # split whatever the gradients' size
     return trainer
 
 
@@ -279,8 +278,6 @@ def test_several_updates_nothing_of_the_bad_step_is_applied(mode, tmp_path):
     task = TwoUpdates()
     trainer = Trainer(task, steps_per_call=2, seed=0, nonfinite_dir=str(tmp_path),
                       **MODES[mode])
-    if mode == "xla-split":
-        trainer._split_min_bytes = 0
     with pytest.raises(NonFiniteError) as caught:
         trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     assert caught.value.report.update == "second"

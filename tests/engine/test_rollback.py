@@ -36,7 +36,7 @@ def _fit(data, *, fast, policy="raise", epochs=3, shuffle=True, layers=None, **o
     trainer = Trainer(model, keras.optimizers.Adam(0.01), "mse", jit_compile=False,
                       steps_per_call=3, plan_cache=False, on_nonfinite=policy, **options)
     if not fast:
-        trainer._fast_guard_off = "off for the comparison"
+        trainer.rollback.disabled_reason = "off for the comparison"
     try:
         if isinstance(data, tf.data.Dataset):
             outcome = trainer.fit(data, epochs=epochs, verbose=0).history
@@ -70,15 +70,15 @@ def test_the_fast_path_gives_what_a_guard_on_every_step_gives(policy, source):
     shuffle = source == "shuffled arrays"
     fast = _fit(data, fast=True, policy=policy, shuffle=shuffle)
     guarded = _fit(data, fast=False, policy=policy, shuffle=shuffle)
-    assert fast[1]._snapshot is not None and guarded[1]._snapshot is None
+    assert fast[1].rollback.snapshot is not None and guarded[1].rollback.snapshot is None
     _same(fast, guarded)
     if policy == "raise":
         assert "step " in fast[2] and "bad data" in fast[2]
-        assert fast[1]._fast_guard_off is None
+        assert fast[1].rollback.disabled_reason is None
     else:
         assert fast[2]["nonfinite_steps"] == [1.0, 2.0, 3.0]   # the bad batch, each epoch
         # A bad call in every epoch: after the third replay, every step is guarded.
-        assert fast[1]._fast_guard_off == "3 calls held non-finite steps"
+        assert fast[1].rollback.disabled_reason == "3 calls held non-finite steps"
 
 
 @pytest.mark.parametrize("policy", ["raise", "skip"])
@@ -87,8 +87,8 @@ def test_monitored_calls_take_the_fast_path_too(policy):
     data = _data()
     fast = _fit(data, fast=True, policy=policy, monitor_every=3)
     guarded = _fit(data, fast=False, policy=policy, monitor_every=3)
-    assert fast[1]._snapshot is not None
-    assert fast[1]._fast_guard_off == (None if policy == "raise"
+    assert fast[1].rollback.snapshot is not None
+    assert fast[1].rollback.disabled_reason == (None if policy == "raise"
                                        else "3 calls held non-finite steps")
     _same(fast, guarded)
     assert fast[1].monitor_history
@@ -108,7 +108,7 @@ def test_a_shuffled_pipeline_is_guarded_step_by_step():
     x, y = _data()
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(40, seed=1).batch(BATCH)
     _, trainer, outcome = _fit(data, fast=True)
-    assert trainer._snapshot is None and "bad data" in outcome
+    assert trainer.rollback.snapshot is None and "bad data" in outcome
 
 
 def test_xla_and_eager_steps_keep_their_own_guard():
@@ -119,7 +119,7 @@ def test_xla_and_eager_steps_keep_their_own_guard():
                           **options)
         with pytest.raises(NonFiniteError):
             trainer.fit(*_data(), batch_size=BATCH, shuffle=False, verbose=0)
-        assert trainer._snapshot is None
+        assert trainer.rollback.snapshot is None
 
 
 class NotFiniteAside(keras.layers.Layer):
@@ -136,7 +136,7 @@ class NotFiniteAside(keras.layers.Layer):
 def test_a_value_non_finite_before_the_call_is_not_the_calls_doing():
     data = _data(bad_sample=None)
     fast = _fit(data, fast=True, layers=[NotFiniteAside()])
-    assert fast[1]._fast_guard_off is None and fast[1].traces["train_step"] == 1
+    assert fast[1].rollback.disabled_reason is None and fast[1].traces["train_step"] == 1
     _same(fast, _fit(data, fast=False, layers=[NotFiniteAside()]))
 
 
@@ -158,19 +158,19 @@ def test_a_nan_no_step_made_turns_the_fast_path_off_and_trains_as_guarded():
         model.compile(keras.optimizers.SGD(0.01), "mse", metrics=[LogOfPrediction()])
         trainer = Trainer(model, jit_compile=False, steps_per_call=3, plan_cache=False)
         if not fast:
-            trainer._fast_guard_off = "off for the comparison"
+            trainer.rollback.disabled_reason = "off for the comparison"
         history = trainer.fit(*data, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
         return [w.copy() for w in model.get_weights()], trainer, history.history
 
     fast = fit(True)
-    assert "no step made non-finite" in fast[1]._fast_guard_off
+    assert "no step made non-finite" in fast[1].rollback.disabled_reason
     _same(fast, fit(False))
 
 
 def test_a_state_too_large_to_copy_keeps_the_per_step_guard(monkeypatch):
     monkeypatch.setattr(rollback, "MAX_BYTES", 16)
     _, trainer, outcome = _fit(_data(), fast=True)
-    assert trainer._snapshot is None and "too large" in trainer._fast_guard_off
+    assert trainer.rollback.snapshot is None and "too large" in trainer.rollback.disabled_reason
     assert "bad data" in outcome
 
 

@@ -43,8 +43,8 @@ def test_a_strategy_of_one_replica_trains_like_the_default_strategy(strategy):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert trainer.counters.step.numpy() == 8
     # One replica takes whole batches: the dataset's own iterator, not a
-    # distributed one (which made some whole fits 60% slower; Trainer._iterate).
-    assert isinstance(trainer._iterate(tf.data.Dataset.range(2)), tf.data.Iterator)
+    # distributed one (which made some whole fits 60% slower; Replication.iterate).
+    assert isinstance(trainer.replication.iterate(tf.data.Dataset.range(2)), tf.data.Iterator)
 
 
 def test_the_strategy_argument_is_the_scope_the_trainer_was_made_in():

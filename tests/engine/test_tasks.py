@@ -230,15 +230,14 @@ def test_gradnorm_balances_gradient_norms():
 @pytest.mark.parametrize("mode", ["tf.function", "xla", "xla-split"])
 def test_capture_yields_the_right_steps_tensors(mode):
     # "xla-split": the captures leave the XLA gradients' function as its
-    # outputs (`Trainer._splits_xla_step`).
+    # outputs (`CompiledSteps.splits_xla_step`).
     real, noise = gan_data(n=28)  # batches of 4: 7 steps
     seen = []
     # One step per call, so the batch hooks can snapshot the weights of every step.
     trainer = tapeworks.Trainer(GAN(mlp((2, 8, 3), 1, "g"), mlp((3, 8, 1), 2, "d")),
                                 steps_per_call=1, capture_every=3,
-                                **MODES["xla" if mode == "xla-split" else mode])
-    if mode == "xla-split":
-        trainer._split_min_bytes = 0
+                                **(dict(jit_compile=True, split_xla_step_bytes=0)
+                                   if mode == "xla-split" else MODES[mode]))
     generator = trainer.task.generator
     dataset = tf.data.Dataset.from_tensor_slices((real, noise)).batch(4)
     captured = tapeworks.CaptureCallback(lambda step, t: seen.append((step, t["fake"])))
@@ -265,7 +264,7 @@ def test_capture_with_auto_steps_per_call_keeps_every_capture():
                 verbose=0)
     # Every 4th step captured, whatever the calls measured while tuning.
     assert seen == list(range(3, 72, 4))
-    assert all(p.steps <= 4 for p in trainer._planner._queue)
+    assert all(p.steps <= 4 for p in trainer.plan.planner.queued())
 
 
 def _generate(generator, weights, step, noise):

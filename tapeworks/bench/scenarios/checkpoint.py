@@ -111,7 +111,7 @@ def run(quick=False, repeats=5):
             latest = kept.checkpoint_saves[-1].folder
             weights = sum(np.asarray(w).nbytes for w in kept.model.weights)
             restores, writes, traced_writes = [], [], []
-            traced = tf.function(kept._run_state().write, autograph=False,
+            traced = tf.function(kept.training_state.run_checkpoint().write, autograph=False,
                                  input_signature=[tf.TensorSpec([], tf.string)])
             # A traced write does not create its folder (an eager one does).
             for name in ["bare-trace"] + [f"bare-traced-{i}" for i in range(repeats)]:
@@ -119,12 +119,13 @@ def run(quick=False, repeats=5):
             traced(tf.constant(os.path.join(scratch, "bare-trace", "state")))
             for index in range(repeats):
                 start = time.perf_counter()
-                kept._read_run_state(os.path.join(latest, "state"))
+                kept.training_state.run_checkpoint().read(
+                    os.path.join(latest, "state")).assert_existing_objects_matched()
                 restores.append(time.perf_counter() - start)
                 # The bound: TensorFlow's own write of the same state, alone
                 # (no manifest, checksums, fsync or rename), eager and traced.
                 start = time.perf_counter()
-                kept._run_state().write(os.path.join(scratch, f"bare-{index}", "state"))
+                kept.training_state.run_checkpoint().write(os.path.join(scratch, f"bare-{index}", "state"))
                 writes.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 traced(tf.constant(os.path.join(scratch, f"bare-traced-{index}", "state")))

@@ -136,7 +136,7 @@ def run(quick=False, repeats=5):
                               plan_cache=False, **CHECKS[checks], **fixed_mode)
             if checks == "stepwise":
                 # As for a pipeline that cannot replay its batches.
-                trainer._fast_guard_off = "a guard on every step (bench)"
+                trainer.rollback.disabled_reason = "a guard on every step (bench)"
             return Approach(name, lambda: (trainer.fit(dataset, verbose=0, **fit_args),
                                            samples)[1],
                             setup=lambda: settle_trainer(trainer, dataset,
@@ -259,7 +259,7 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
     """The checks in an XLA step on a CPU: inside it, and split around them.
 
     With gradients of 16 MiB or more and a check that reads them, an XLA step
-    on a CPU runs as three parts (`Trainer._splits_xla_step`): forward and
+    on a CPU runs as three parts (`CompiledSteps.splits_xla_step`): forward and
     backward in XLA, the checks' norms in TensorFlow, the XLA-fused update.
     These rows time it against the whole step with the checks inside XLA
     (the split's threshold raised past this model), each against no checks.
@@ -270,11 +270,11 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
               BOUND.format(how="XLA's reduction, as the whole XLA step does"): True}
 
     def trained(kind):
+        # Whatever the default: the whole step, or the step split.
         trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
                           plan_cache=False, jit_compile=True, steps_per_call=steps_per_call,
+                          split_xla_step_bytes=float("inf") if kind == "whole" else 0,
                           **CHECKS["none" if kind == "none" else "defaults"])
-        # Whatever the default: the whole step, or the step split.
-        trainer._split_min_bytes = float("inf") if kind == "whole" else 0
         return Approach(names[kind], lambda: (trainer.fit(dataset, verbose=0, **fit_args),
                                               samples)[1],
                         setup=lambda: settle_trainer(trainer, dataset,

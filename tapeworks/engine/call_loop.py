@@ -1,0 +1,212 @@
+"""`CallLoop`: an epoch cut into planned calls, and what runs after each call.
+
+Each call runs the steps the plan asks for in one compiled loop
+(`CompiledSteps.train_loop`); after it, in order: the non-finite policy,
+the dead-gradient watch, the plan's measurement, the monitor's records, the
+plan cache (once the batch is known), the captures, the callbacks and the
+progress bar, and the run's save check (Orbit's inner loop and its actions).
+"""
+
+import dataclasses
+import logging
+import time
+
+import tensorflow as tf
+
+from tapeworks.data import sources
+from tapeworks.engine import autotune, callback_bridge, config as config_lib, guards
+from tapeworks.engine import capture as capture_lib
+from tapeworks.engine import gradient_health
+from tapeworks.engine import monitor as monitor_lib
+from tapeworks.engine import nonfinite as nonfinite_lib
+from tapeworks.errors import DataSpecError
+
+logger = logging.getLogger("tapeworks")
+
+
+@dataclasses.dataclass
+class EpochResult:
+    steps: int
+    samples: int
+    logs: dict
+
+
+class CallLoop:
+    """Runs the planned calls of one Trainer's epochs."""
+
+    def __init__(self, plan, compiled, state, config, replication, rollback):
+        self.plan = plan
+        self.compiled = compiled
+        self.state = state
+        self.config = config
+        self.replication = replication
+        self.rollback = rollback      # rollback.RollbackPath
+        # The watches after each call, over the built state.
+        self.nonfinite = nonfinite_lib.NonFinitePolicy(
+            config.on_nonfinite, state.guard, state.task, state.counters,
+            config.nonfinite_dir, replication.local_batch)
+        self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
+                                                   config.accumulate, state.update_states[0])
+        self.dead = gradient_health.DeadGradientWatch(
+            state.dead_gradients, config.dead_gradient_steps, state.layer_owners)
+        self.captures = capture_lib.CaptureDelivery(state.capture)
+        self.host_step = 0            # the step counter as the host last knew it
+
+    def start_fit(self):
+        self.host_step = int(self.state.counters.step.numpy())
+        self.monitor.start_fit()
+
+    def run_epoch(self, batches, callbacks, progress, epoch, run, *, later_epochs=0,
+                  known_steps=None, start=(0, 0)):
+        """Trains one epoch (from `start`: steps and samples done, when resumed mid-epoch)."""
+        planner = self.plan.planner
+        steps_per_epoch = batches.steps_per_epoch
+        epoch_steps = steps_per_epoch or batches.prepared.steps
+        # Data of unknown length: its length is known after the first epoch.
+        length = epoch_steps or known_steps
+        steps_done, samples_done = start
+        logs = {}
+        run.start_epoch(batches)
+        restarted = False
+        while steps_per_epoch is None or steps_done < steps_per_epoch:
+            if steps_per_epoch is None and epoch_steps and steps_done >= epoch_steps:
+                break
+            if length:
+                # What measuring can still win back: the rest of this fit.
+                planner.remaining_steps = (later_epochs * length
+                                           + max(length - steps_done, 0))
+            planner.reconsider()
+            planned = planner.next_call()
+            num_steps = planned.steps
+            if epoch_steps:
+                # Never ask past the end of the epoch: a call that fits is
+                # measured whole.
+                num_steps = max(1, min(num_steps, epoch_steps - steps_done))
+            monitored, num_steps = self.monitor.steps_of_call(self.host_step, num_steps)
+            iterator = batches.iterator()
+            callbacks.on_train_batch_begin(steps_done)
+            try:
+                ran, samples, call_logs, seconds = self.run_call(
+                    planned, iterator, num_steps, steps_done, monitored, batches)
+            except tf.errors.DataLossError as error:
+                # tf.data names neither the file nor the record: find them.
+                raise sources.corruption_error(batches.prepared.dataset, error) from error
+            batches.consumed(ran)
+            if ran:
+                self.host_step += ran
+                self.dead.after_call(ran)
+                # A monitored call is measured too: one monitored step in a
+                # call is part of what training with the monitor costs.
+                planner.record(planned, num_steps, ran, samples, seconds)
+                if monitored:
+                    call_logs.update(self.monitor.deliver(
+                        callbacks.callbacks, monitored, self.host_step - ran,
+                        self.state.layer_owners()))
+                # The batch size was not known before the first call: now it is.
+                self.plan.use_cache(self.state.element_spec, samples // ran)
+                self.captures.after_call(callbacks.callbacks)
+                steps_done += ran
+                samples_done += samples
+                logs = call_logs
+                restarted = False
+                callbacks.on_train_batch_end(steps_done - 1, logs)
+                progress.update(steps_done, samples_done, logs, planner.status())
+                run.after_call(self.host_step, batches, epoch, steps_done, samples_done,
+                               epoch_ends=bool(epoch_steps) and steps_done >= epoch_steps)
+                if self.state.task.model.stop_training:
+                    break
+            if ran < num_steps:
+                # The data ran out.
+                if steps_per_epoch is None:
+                    break
+                if restarted or not batches.prepared.reusable:
+                    raise DataSpecError(batches.prepared.empty_message(
+                        epoch, steps_done, steps_per_epoch))
+                batches.restart()
+                restarted = True
+        if steps_done == 0:
+            raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
+        return EpochResult(steps_done, samples_done, logs)
+
+    def run_call(self, planned, iterator, num_steps, steps_done=0, monitored=None,
+                 batches=None):
+        """One call of the train loop; `monitored`: the indices of its monitored steps.
+
+        Returns (steps run, samples, logs, seconds).
+        """
+        if planned.first:
+            return self.first_step(planned.jit, iterator, steps_done, bool(monitored))
+        fast = self.rollback.applies(planned.jit, batches)
+        loop = self.compiled.train_loop(planned.jit, monitored=bool(monitored),
+                                        rollback=self.rollback.snapshot if fast else None)
+        start = time.perf_counter()
+        with guards.inside_step():
+            ran, samples, logs, *last = loop(iterator, tf.constant(num_steps, tf.int64),
+                                             *monitor_lib.monitored_at(monitored, num_steps))
+        # Reading the results is the call's one host sync.
+        ran, samples = int(ran), int(samples)
+        seconds = time.perf_counter() - start
+        if not fast:
+            self.nonfinite.after_call(last, steps_done + ran - 1)
+        else:
+            self.rollback.confirm()
+            if not bool(last[0]):
+                ran, samples, logs = self._replay(planned.jit, batches, ran, steps_done,
+                                                  monitored)
+                seconds = time.perf_counter() - start
+        return ran, samples, callback_bridge.python_logs(logs), seconds
+
+    def _replay(self, mode, batches, ran, steps_done, monitored):
+        """The bad fast call again, step by step with the guarded step (`RollbackPath.replay`)."""
+        def run_guarded(iterator):
+            self.monitor.rewind()
+            loop = self.compiled.train_loop(mode, monitored=bool(monitored))
+            with guards.inside_step():
+                return loop(iterator, tf.constant(ran, tf.int64),
+                            *monitor_lib.monitored_at(monitored, ran))
+
+        replayed, samples, logs, *last = self.rollback.replay(batches, run_guarded)
+        replayed, samples = int(replayed), int(samples)
+        self.nonfinite.after_call(last, steps_done + replayed - 1)
+        return replayed, samples, logs
+
+    def first_step(self, mode, iterator, steps_done=0, monitored=False):
+        """A mode's first (untimed) call while tuning: one step on a batch drawn here.
+
+        Drawing the batch outside the compiled loop means that when XLA
+        cannot compile the step (an op without an XLA kernel, found only when
+        the step first runs), the same batch is trained on without XLA:
+        measuring never loses data. `monitored`: the step is a monitored one.
+        """
+        optional = iterator.get_next_as_optional()
+        if not optional.has_value():
+            return 0, 0, {}, 0.0
+        batch = optional.get_value()
+        start = time.perf_counter()
+
+        def one_step(step_mode):
+            outputs = self.compiled.replicated_step("train", step_mode, monitored=monitored)(
+                batch)
+            if self.state.capture is None:
+                return outputs
+            size, extra = outputs
+            self.compiled.record_capture(extra)
+            return size
+
+        with guards.inside_step():
+            try:
+                samples = one_step(mode)
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+                if not mode or self.config.jit_compile != "auto":
+                    raise
+                logger.warning("XLA cannot compile the %s step (%s); "
+                               "not using that mode", autotune.describe(mode),
+                               config_lib.describe_xla_failure(error))
+                self.plan.planner.drop_xla(error, mode)
+                samples = one_step(False)
+            logs = callback_bridge.python_logs(self.state.train_results())
+        seconds = time.perf_counter() - start
+        if self.state.guard.halted:
+            self.nonfinite.stop(batch, steps_done)
+        self.nonfinite.warn()
+        return 1, int(samples), logs, seconds

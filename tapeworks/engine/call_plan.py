@@ -1,0 +1,143 @@
+"""`CallPlan`: the (execution mode, steps per call) choice, announced, reused and stored.
+
+`autotune.CallPlanner` measures and decides; this module is what a Trainer
+does around it: creates it with the trainer's constraints, adopts a plan the
+plan cache or a checkpoint holds, says what was chosen (once), and stores
+the choice for later runs.
+"""
+
+import logging
+
+from tapeworks.engine import autotune, config as config_lib, replicas
+from tapeworks.engine import plan_cache as plan_cache_lib
+
+logger = logging.getLogger("tapeworks")
+
+
+class CallPlan:
+    """The planner of one Trainer and its life across fits and runs."""
+
+    def __init__(self, config, task, precision, strategy, cache_setting):
+        self.config = config
+        self.task = task
+        self.precision = precision
+        self.strategy = strategy
+        if cache_setting is False or (cache_setting is None
+                                      and not plan_cache_lib.enabled_by_environment()):
+            self.cache = None
+        else:
+            self.cache = plan_cache_lib.PlanCache(
+                cache_setting if cache_setting not in (None, True) else None)
+        self.planner = None       # autotune.CallPlanner, made at the first fit
+        self.key = None           # the plan's fingerprint, once known
+        self.description = None
+        self.reason = None        # why the stored plan was chosen (the run that measured it)
+        self.announced = None     # the choice last announced (and stored)
+
+    # The settings' current values (`Trainer.jit_compile`, `.steps_per_call`) -----
+
+    @property
+    def mode(self):
+        """The execution mode in use; None before the first fit while "auto" decides it."""
+        if self.planner is not None:
+            return self.planner.mode
+        return self.config.jit_compile if self.config.jit_compile != "auto" else None
+
+    @property
+    def steps(self):
+        if self.planner is not None:
+            return self.planner.next_call().steps
+        return self.config.steps_per_call if self.config.steps_per_call != "auto" else None
+
+    def report(self):
+        """What "auto" measured and chose (a dict), or None before the first fit."""
+        return self.planner.report() if self.planner is not None else None
+
+    # A fit ----------------------------------------------------------------------
+
+    def start_fit(self):
+        if self.planner is None:
+            config = self.config
+            self.planner = autotune.CallPlanner(
+                config.jit_compile, config.steps_per_call,
+                # Captures are copied on every k-th step into one buffer,
+                # read after the call: calls of at most k steps.
+                max_steps=config.capture_every,
+                xla_available=not config.run_eagerly and not config.deterministic
+                and not replicas.is_replicated(self.strategy)
+                and config_lib.supports_xla(self.task.models),
+                # Mixed precision gained most from XLA on the update alone (the
+                # forward and backward ran faster outside XLA); float32 from XLA
+                # on the whole step. The likelier winner is tried first.
+                xla_order=(("update", True) if self.precision.policy != "float32"
+                           else (True, "update")),
+            )
+        return self.planner
+
+    def use_cache(self, element_spec, batch_size):
+        """Adopts the plan a previous run stored for this fingerprint (once the batch is known)."""
+        if self.cache is None or self.key is not None or not batch_size:
+            return
+        if not self.planner.tuning:
+            return
+        self.key, self.description = plan_cache_lib.fingerprint(
+            self.config, self.task, self.precision, element_spec, batch_size)
+        plan = self.cache.get(self.key)
+        if plan is not None:
+            self.planner.adopt(autotune.Choice(
+                plan["jit_compile"], plan["steps_per_call"],
+                f"from the plan cache ({plan['reason']})"), memory=plan.get("memory"))
+            self.reason = plan["reason"]
+
+    def announce_once(self, verbose):
+        """Says what "auto" chose, once per choice (printed at verbose >= 1, logged); stores it."""
+        choice = self.planner.choice
+        if choice is None or choice is self.announced:
+            return
+        self.announced = choice
+        if self.config.auto:
+            line = (f"jit_compile={choice.jit_compile}, "
+                    f"steps_per_call={choice.steps_per_call} ({choice.reason})")
+            if verbose:
+                print(f"tapeworks: {line}")
+            logger.info("%s", line)
+        if self.key is not None and not self.planner.from_cache:
+            self.reason = choice.reason
+            self._store()
+
+    def end_fit(self):
+        """At the end of a fit: the steps trained count toward trying a waiting XLA mode.
+
+        Only plans with a mode still waiting are rewritten (see
+        `CallPlanner.memory`); the others stay as they were stored.
+        """
+        if self.key is not None and self.planner.choice is not None \
+                and self.planner.memory() is not None:
+            self._store()
+        if self.planner.tuning:
+            # Measuring goes on in the next fit (epoch-by-epoch fit loops are
+            # common): choosing now would rest on a partial schedule.
+            logger.info("still measuring the execution mode and steps per call; "
+                        "it continues in the next fit (see `trainer.tuning`)")
+
+    def _store(self):
+        """Writes this trainer's plan, with what a later run needs to go on deciding."""
+        choice = self.planner.choice
+        self.cache.put(self.key, choice.jit_compile, choice.steps_per_call, self.reason,
+                       self.description, memory=self.planner.memory())
+
+    # Across a resume -------------------------------------------------------------
+
+    def saved_choice(self):
+        """The choice a checkpoint keeps: `[jit_compile, steps_per_call]`, or None."""
+        choice = self.planner.choice
+        return [choice.jit_compile, choice.steps_per_call] if choice else None
+
+    def adopt_checkpointed(self, saved):
+        """A resumed run runs the checkpoint's choice, over a plan-cache one; fixed settings stay."""
+        config = self.config
+        if saved and config.auto:
+            self.planner.adopt(autotune.Choice(
+                saved[0] if config.jit_compile == "auto" else config.jit_compile,
+                saved[1] if config.steps_per_call == "auto" else config.steps_per_call,
+                "kept by the checkpoint, so the resumed run runs the same compiled step"))

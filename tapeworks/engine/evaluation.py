@@ -1,0 +1,131 @@
+"""The test and predict loops over prepared data, with Keras' batch hooks.
+
+Keras' test and predict batch hooks fire once per `steps_per_execution`
+batches. Here a call runs `STEPS_PER_CALL` batches unless a callback
+implements a batch hook of that loop: then one batch per call, so each hook
+sees every batch, as in `model.evaluate` with its default of one step per
+execution.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tapeworks.engine import callback_bridge, guards
+from tapeworks.engine import task as task_lib
+from tapeworks.engine.progress import resolve_verbose
+from tapeworks.errors import ConfigError, DataSpecError
+
+STEPS_PER_CALL = 32
+
+
+class EvaluateAndPredict:
+    """`Trainer.evaluate` and `Trainer.predict`: Keras' signatures over the loops below.
+
+    A part of the Trainer's public API kept beside the loops it runs; it reads
+    the Trainer's `task`, `model`, `data_stage`, `training_state`, `compiled`,
+    `replication` and `jit_compile`.
+    """
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict=False, **kwargs):
+        """The loss and metrics over `x`; Keras' `Model.evaluate` signature.
+
+        Returns:
+            With `return_dict=True` a dict `{"loss": ..., <metric>: ...}`;
+            otherwise, as Keras, the loss alone when it is the only value, or
+            the list of values in the order of `model.metrics_names`.
+        """
+        if kwargs:
+            raise ConfigError(f"Arguments not recognized by evaluate: {sorted(kwargs)}. "
+                              "Expected Keras' evaluate arguments.")
+        self.task.check_unchanged()
+        prepared = self._prepare(x, y, sample_weight, batch_size, steps)
+        verbose = resolve_verbose(verbose)
+        logs = self._evaluate(prepared, callback_list(
+            callbacks, verbose, prepared.steps, self.model))
+        return logs if return_dict else flatten_logs(self.task, logs)
+
+    def _evaluate(self, prepared, callback_list):
+        loop = self.compiled.test_loop(self.compiled.inference_mode(self.jit_compile))
+        return evaluate(prepared, callback_list, loop, self.training_state,
+                        self.replication.iterate)
+
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        """The model's outputs on `x` as NumPy (a dict/list for several outputs).
+
+        Keras' `Model.predict` signature; `on_predict_batch_end` gets
+        `{"outputs": ...}` as in Keras.
+        """
+        prepared = self.data_stage.prepare(x, batch_size=batch_size, steps=steps,
+                                           purpose="predict")
+        self.training_state.build(prepared.dataset.element_spec, targets=False)
+        verbose = resolve_verbose(verbose)
+        loop = self.compiled.predict_loop(prepared.dataset.element_spec,
+                                          self.compiled.inference_mode(self.jit_compile))
+        return predict(
+            prepared, callback_list(callbacks, verbose, prepared.steps, self.model),
+            loop, self.replication.iterate)
+
+
+def callback_list(callbacks, verbose, steps, model):
+    """The CallbackList of an evaluate or predict call (a progress bar unless silent)."""
+    return keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose,
+                                        epochs=1, steps=steps, model=model)
+
+
+def _calls(loop, prepared, callbacks, kind, iterate):
+    """Runs `loop` over `prepared` call by call; yields (steps before, steps run, outputs)."""
+    per_call = 1 if callback_bridge.wants_batch_hooks(callbacks, kind) else STEPS_PER_CALL
+    prepared.on_epoch_begin()
+    iterator = iterate(prepared.dataset)
+    done = 0
+    while True:
+        with guards.inside_step():
+            ran, *outputs = loop(iterator, tf.constant(per_call, tf.int64))
+        ran = int(ran)
+        if ran:
+            yield done, ran, outputs
+            done += ran
+        if ran < per_call:
+            break
+    prepared.on_epoch_end()
+
+
+def flatten_logs(task, logs):
+    """`evaluate`'s value without `return_dict`, as Keras: the loss alone, or a list."""
+    if isinstance(task, task_lib.SupervisedTask):
+        # Keras' own ordering (loss, then compiled metrics, then the rest).
+        return task.model._flatten_metrics_in_order(logs)
+    values = list(logs.values())
+    return values[0] if len(values) == 1 else values
+
+
+def evaluate(prepared, callbacks, loop, state, iterate):
+    """Runs the test loop over `prepared`; returns the logs (loss and metrics)."""
+    state.reset_metrics()
+    callbacks.on_test_begin()
+    logs = {}
+    for done, ran, (_, call_logs) in _calls(loop, prepared, callbacks, "test", iterate):
+        callbacks.on_test_batch_begin(done)
+        logs = callback_bridge.python_logs(call_logs)
+        callbacks.on_test_batch_end(done + ran - 1, logs)
+    callbacks.on_test_end(logs)
+    return logs
+
+
+def predict(prepared, callbacks, loop, iterate):
+    """Runs the predict loop over `prepared`; the outputs as NumPy, batches joined."""
+    callbacks.on_predict_begin()
+    chunks = []
+    for done, ran, (outputs,) in _calls(loop, prepared, callbacks, "predict", iterate):
+        outputs = tf.nest.map_structure(lambda t: t.numpy(), outputs)
+        chunks.append(outputs)
+        callbacks.on_predict_batch_begin(done)
+        callbacks.on_predict_batch_end(done + ran - 1, {"outputs": outputs})
+    callbacks.on_predict_end()
+    if not chunks:
+        raise DataSpecError(
+            f"`x` gave no batch to predict on (a {prepared.kind} that is empty). Expected "
+            "at least one sample. Fix: check the data (and `steps`).")
+    return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *chunks)

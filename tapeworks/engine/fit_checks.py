@@ -1,0 +1,56 @@
+"""Warnings about how training is set up, at a fit's start and at its epochs' ends.
+
+They read what already exists (the task's declared updates, an optimizer's
+learning rate once an epoch), so they cost no step anything.
+"""
+
+import keras
+
+from tapeworks.engine import guards
+from tapeworks.engine import task as task_lib
+from tapeworks.errors import CorrectnessWarning, warn
+
+
+def check_something_trains(task):
+    """Mistakes in how the model and its loss are set up (warnings; once per trainer)."""
+    if not any(update.variables() for update in task.updates):
+        names = ", ".join(f"`{m.name}`" for m in task.models)
+        warn(f"tapeworks: nothing is trainable: every weight of {names} is frozen "
+             "(trainable=False), so fit changes no weight, only the metrics. Fix: set "
+             "`model.trainable = True` (or on the layers to fine-tune) before creating "
+             "the Trainer.", CorrectnessWarning)
+    if isinstance(task, task_lib.SupervisedTask):
+        guards.check_output_matches_loss(task.model)
+
+
+class LearningRateWatch:
+    """At an epoch's end: a schedule that has decayed the learning rate to about nothing.
+
+    A Keras schedule counts optimizer steps, so a `decay_steps` meant in
+    epochs decays hundreds of times too fast; training then stops moving
+    with no error. One read per optimizer per epoch; warned once per update.
+    """
+
+    def __init__(self, updates):
+        self.updates = updates
+        self.warned = set()   # updates whose decayed learning rate was reported
+
+    def after_epoch(self, epochs_left):
+        if epochs_left <= 0:
+            return
+        for update in self.updates:
+            optimizer = update.optimizer
+            schedule = getattr(optimizer, "_learning_rate", None)
+            if (not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule)
+                    or update.name in self.warned):
+                continue
+            start = float(schedule(0))
+            now = float(optimizer.learning_rate)
+            if start > 0 and now < 1e-3 * start:
+                self.warned.add(update.name)
+                warn(f"tapeworks: the learning rate of update {update.name!r} has decayed to "
+                     f"{now:.3g} from {start:.3g} after {int(optimizer.iterations)} optimizer "
+                     f"steps, with {epochs_left} epoch(s) still to run: training has all but "
+                     f"stopped. Keras' schedules count optimizer steps (batches), not epochs. "
+                     f"Fix: check `decay_steps` of the {type(schedule).__name__} (e.g. "
+                     "epochs x steps per epoch).", CorrectnessWarning)

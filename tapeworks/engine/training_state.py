@@ -1,0 +1,282 @@
+"""`TrainingState`: every variable training creates, named once.
+
+One structure owns what a Trainer adds to the user's models and optimizers
+(optax keeps a transformation's state the same way: one named structure):
+the accumulators (`update_states`), the step and epoch `counters`, the loss
+trackers, the non-finite guard, the dead-gradient sums, the monitors and the
+capture buffers. Every set of variables the engine saves or puts back derives
+from it here, so no two copies of the list can drift apart:
+
+- `checkpoint()`: the user's `trainer.checkpoint` (its object names are the
+  on-disk format: `model_i`, `optimizer_i`, `update_state_i`, `weighting_i`,
+  `random_states`, `task_random`, `pruning`, `precision`, `counters`);
+- `run_checkpoint()`: that plus the running metrics, for `fit(checkpoint_dir=)`;
+- `mutable_variables()`: everything a step can change (the rollback snapshot,
+  the put-back after a failed read);
+- `everything()`: that plus the capture buffers: what a trial run
+  (`measuring.TrialRun`: `diagnose_input`, `explain`) saves and restores.
+"""
+
+import keras
+import tensorflow as tf
+
+from tapeworks import distribute as distribute_lib
+from tapeworks.engine import capture as capture_lib
+from tapeworks.engine import gradient_health, guards, replicas, step, updater
+from tapeworks.engine import monitor as monitor_lib
+from tapeworks.engine import nonfinite as nonfinite_lib
+from tapeworks.engine import task as task_lib
+from tapeworks.errors import ConfigError
+
+
+class TrainingState:
+    """The variables one Trainer creates, and every view of them the engine needs."""
+
+    def __init__(self, task, config, precision, strategy):
+        self.task = task
+        self.config = config
+        self.precision = precision
+        self.strategy = strategy
+        self.update_states = []       # one updater.UpdateState per update
+        self.counters = None          # task.Counters: step and epoch
+        self.loss_trackers = {}       # loss name -> keras.metrics.Mean
+        self.guard = None             # nonfinite.NonFiniteGuard
+        self.dead_gradients = []      # one gradient_health.DeadGradients per update
+        self.monitors = []            # one monitor.GradientMonitor per update
+        self.capture = None           # capture.Capture buffers
+        self.element_spec = None      # of the training batches it was built for
+        self.built = False
+        self._run_checkpoint = None   # made once: TensorFlow keeps its save function on it
+        self._owners = None
+
+    # Building -------------------------------------------------------------
+
+    def build(self, element_spec, targets=True):
+        """Creates every variable (models, optimizers, metrics, state) before compiling.
+
+        A `tf.function` that creates variables is traced twice; creating them
+        up front keeps the training loop at one trace, which also makes
+        retracing visible in `Trainer.traces`. With `run_eagerly` the model is
+        built by an eager call on a batch of zeros shaped like the data, so a
+        model whose `call` reads `.numpy()` builds as it runs. `targets=False`
+        (predict) builds the model only.
+        """
+        if self.built:
+            return
+        with self.strategy.scope(), replicas.state_variables():
+            self._build_in_scope(element_spec, targets)
+
+    def _build_in_scope(self, element_spec, targets):
+        task, config = self.task, self.config
+        if targets:
+            self.element_spec = element_spec
+        x_spec = element_spec[0] if isinstance(element_spec, tuple) else element_spec
+        task.seed_random(config.seed)
+        # Under a replicated strategy the variables are created eagerly too:
+        # a mirrored variable's initial value cannot be lifted out of a
+        # function being traced (Keras builds there eagerly, symbolically).
+        eagerly = config.run_eagerly or replicas.is_replicated(self.strategy)
+        with guards.inside_step():
+            if isinstance(task, task_lib.SupervisedTask) and not task.model.built:
+                if eagerly:
+                    task.model(zeros_like(x_spec), training=False)
+                else:
+                    tf.function(lambda x: task.model(x, training=False)).get_concrete_function(
+                        x_spec)
+            if not targets:
+                return
+
+            def trace_losses(batch):
+                losses, outputs = task.run_losses(batch, training=False)
+                task.update_metrics(batch, outputs)
+                return losses
+
+            if eagerly:
+                loss_names = list(trace_losses(zeros_like(element_spec)))
+                task.reset_metrics()
+                if not config.run_eagerly and task.captures():
+                    # The captures' shapes as the compiled step sees them (an
+                    # unknown batch size, not the probe's 1): traced now that
+                    # every variable exists, so the trace creates none.
+                    tf.function(trace_losses, autograph=False).get_concrete_function(
+                        element_spec)
+                    task.reset_metrics()
+            else:
+                loss_names = list(tf.function(trace_losses, autograph=False)
+                                  .get_concrete_function(element_spec).structured_outputs)
+            task.remember_capture_specs()
+            self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in loss_names}
+            self.update_states = []
+            for update in task.updates:
+                variables = update.variables()
+                update.optimizer.build(variables)
+                self.update_states.append(updater.UpdateState(variables, config.accumulate))
+            self.counters = task_lib.Counters()
+            if config.pruning is not None:
+                config.pruning.build(task.models,
+                                     {id(v) for u in task.updates for v in u.variables()})
+            self.guard = nonfinite_lib.NonFiniteGuard(config.on_nonfinite)
+            if config.monitor_every:
+                self.monitors = [monitor_lib.GradientMonitor(u.variables())
+                                 for u in task.updates]
+            if config.dead_gradient_steps:
+                self.dead_gradients = [gradient_health.DeadGradients(u.variables())
+                                       for u in task.updates]
+            if config.capture_every:
+                if not task.capture_specs:
+                    raise ConfigError(
+                        "`capture_every` was given but the task captures nothing. Expected "
+                        "`self.capture(name, tensor)` calls in `compute_losses`. Fix: add "
+                        "them, or drop capture_every.")
+                self.capture = capture_lib.Capture(task.capture_specs, config.capture_every)
+            if not isinstance(task, task_lib.SupervisedTask):
+                task.check_helpers()
+            distribute_lib.check_in_scope(self.strategy, task.models,
+                                          [u.optimizer for u in task.updates])
+            self.built = True
+
+    # The sets of variables ---------------------------------------------------
+
+    def checkpoint(self):
+        """A new `tf.train.Checkpoint` of everything training changes (`Trainer.checkpoint`)."""
+        if not self.built:
+            raise ConfigError(
+                "The trainer has not created its variables yet. Expected a call to "
+                "`fit` first (or to `build_state(data)`), then `checkpoint`.")
+        task = self.task
+        parts = {f"model_{i}": m for i, m in enumerate(task.models)}
+        parts.update({f"optimizer_{i}": u.optimizer for i, u in enumerate(task.updates)})
+        parts.update({f"update_state_{i}": s for i, s in enumerate(self.update_states)})
+        for i, update in enumerate(task.updates):
+            if isinstance(update.loss, tf.Module):
+                parts[f"weighting_{i}"] = update.loss
+        # The random state of the step: Keras SeedGenerator states (Dropout's
+        # draws; `Layer.variables` lists them, a checkpoint of the model
+        # object does not) and the Task's generator.
+        weights = {id(v) for m in task.models for v in m.weights}
+        parts["random_states"] = [v for m in task.models for v in m.variables
+                                  if id(v) not in weights]
+        parts["task_random"] = task.random
+        if self.config.pruning is not None:
+            parts["pruning"] = self.config.pruning
+        return tf.train.Checkpoint(precision=self.precision, counters=self.counters, **parts)
+
+    def run_checkpoint(self):
+        """`checkpoint()` plus the running metrics: what a resumed step also depends on.
+
+        One object for every save of this trainer (TensorFlow keeps its save
+        function on it: the first write of an object traces).
+        """
+        if self._run_checkpoint is None:
+            state = self.checkpoint()
+            state.metrics = self.metric_variables()
+            self._run_checkpoint = state
+        return self._run_checkpoint
+
+    def structure(self):
+        """What a traced write of `run_checkpoint()` depends on: it is traced again when this changes."""
+        task, state = self.task, self.run_checkpoint()
+        return (tuple(len(part.variables) for part in (
+            *task.models, *(u.optimizer for u in task.updates), self.counters,
+            self.precision, *self.update_states)), len(state.metrics), len(state.random_states))
+
+    def metric_variables(self):
+        """The loss trackers', the models' compiled metrics' and the Task's own metrics' variables."""
+        found = [v for t in self.loss_trackers.values() for v in t.variables]
+        for model in self.task.models:
+            found.extend(model.metrics_variables)
+        for value in vars(self.task).values():
+            if isinstance(value, keras.metrics.Metric):
+                found.extend(value.variables)
+        return found
+
+    def mutable_variables(self):
+        """Every variable a training step can change, once each.
+
+        What the rollback snapshot copies, and what a failed checkpoint read
+        puts back.
+        """
+        task = self.task
+        found = {}
+
+        def add(variables):
+            for variable in variables:
+                found.setdefault(id(variable), variable)
+
+        for model in task.models:
+            add(model.variables)           # weights, and SeedGenerator states
+        for update in task.updates:
+            add(update.optimizer.variables)
+            if isinstance(update.loss, tf.Module):
+                add(update.loss.variables)  # a weighting's own state
+        parts = [self.counters, self.precision, *self.update_states, self.guard,
+                 *self.dead_gradients, *self.monitors]
+        if self.config.pruning is not None:
+            parts.append(self.config.pruning)
+        for part in parts:
+            add(part.variables)
+        add(self.metric_variables())
+        add([task.random.state])
+        return list(found.values())
+
+    def everything(self):
+        """`mutable_variables()` and the capture buffers: all a trial run must leave as it found."""
+        found = self.mutable_variables()
+        if self.capture is not None:
+            found.extend(self.capture.variables)
+        return found
+
+    @staticmethod
+    def values_of(variables):
+        """`[(variable, its value now)]`, for `put_back`."""
+        return [(v, v.numpy()) for v in variables]
+
+    @staticmethod
+    def put_back(values):
+        for variable, value in values:
+            variable.assign(value)
+
+    # Metrics and logs -----------------------------------------------------------
+
+    def reset_metrics(self):
+        for tracker in self.loss_trackers.values():
+            tracker.reset_state()
+        self.task.reset_metrics()
+
+    def results(self):
+        """The running losses and metrics (graph ops inside a step function)."""
+        return step.collect_logs(self.loss_trackers, self.task, self.precision)
+
+    def train_results(self):
+        logs = self.results()
+        logs.update(self.guard.logs())
+        return logs
+
+    def layer_owners(self):
+        """`id(variable) -> its layer`, for the monitor's and the dead-gradient reports (cached)."""
+        if self._owners is None:
+            self._owners = gradient_health.owners(self.task.models)
+        return self._owners
+
+    def finalize(self):
+        """At the end of a fit that trained: what Keras' fit does after the last epoch.
+
+        EMA optimizers (use_ema=True) copy their averages into the weights,
+        and pruning masks apply again (the averages of pruned weights are not
+        zero).
+        """
+        for update in self.task.updates:
+            update.optimizer.finalize_variable_values(update.variables())
+        if self.config.pruning is not None:
+            self.config.pruning.apply_masks()
+
+
+def zeros_like(spec):
+    """A batch of one sample of zeros (empty strings) shaped like `spec`."""
+    def zeros(s):
+        shape = [1 if d is None else d for d in s.shape.as_list()]
+        if s.dtype == tf.string:
+            return tf.fill(shape, "")
+        return tf.zeros(shape, s.dtype)
+
+    return tf.nest.map_structure(zeros, spec)
