@@ -486,7 +486,8 @@ def layer_of(module):
         return None   # engine modules are placed one by one
     while "." in module:
         module = module.rpartition(".")[0]
-        if module in LAYERS and module != "tapeworks.engine":
+        # The root and the engine package stand for themselves only.
+        if module in LAYERS and module not in (PACKAGE, "tapeworks.engine"):
             return LAYERS[module]
     return None
 
@@ -526,4 +527,3 @@ def test_engine_import_layers():
     assert not problems, (
         f"{len(problems)} violation(s) of the import layers (design/trainer-split.md "
         "section 5; the table is LAYERS in tests/test_structure.py).\n" + "\n".join(problems))
-

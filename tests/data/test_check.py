@@ -143,16 +143,18 @@ def test_in_memory_means_sliced_tensors_and_nothing_computed():
         lambda: iter([1, 2]), output_signature=tf.TensorSpec((), tf.int32)).batch(2))
 
 
-def test_trainer_turns_the_autotuning_model_off_only_for_in_memory_data():
+def test_the_data_stage_turns_the_autotuning_model_off_only_for_in_memory_data():
     import keras
 
     import tapeworks
+    from tapeworks.engine.data_stage import DataStage
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
+    # The stage a Trainer prepares its data with, for that Trainer's task.
+    stage = DataStage(tapeworks.Trainer(model, "sgd", "mse", jit_compile=False).task)
 
     def autotune(dataset):
-        prepared = trainer._data.prepare(dataset, purpose="fit", training=True)
+        prepared = stage.prepare(dataset, purpose="fit", training=True)
         return prepared.dataset.options().autotune.enabled
 
     sliced = source().batch(10)

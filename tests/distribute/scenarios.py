@@ -9,6 +9,8 @@ mean over its share, gradients summed" equals the global-batch mean.
 
 import contextlib
 import json
+import logging
+import re
 import sys
 
 import keras
@@ -133,6 +135,19 @@ SCENARIOS = {
 }
 
 
+class AnnouncedReplicas(logging.Handler):
+    """The replica count a Trainer announces ("training on 2 replicas under ..."); 1 if none."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.count = 1
+
+    def emit(self, record):
+        match = re.search(r"training on (\d+) replicas? under", record.getMessage())
+        if match:
+            self.count = int(match.group(1))
+
+
 def run(strategy, name):
     with strategy.scope() if strategy else contextlib.nullcontext():
         keras.utils.set_random_seed(1)
@@ -141,10 +156,19 @@ def run(strategy, name):
     captured = []
     callbacks = [tapeworks.CaptureCallback(
         lambda step, tensors: captured.append((step, tensors["fake"].tolist())))]
-    history = trainer.fit(data, epochs=3, verbose=0, callbacks=callbacks, **kwargs)
+    announced = AnnouncedReplicas()
+    log = logging.getLogger("tapeworks")
+    level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(announced)
+    try:
+        history = trainer.fit(data, epochs=3, verbose=0, callbacks=callbacks, **kwargs)
+    finally:
+        log.removeHandler(announced)
+        log.setLevel(level)
     result = {
         "name": name,
-        "replicas": trainer._strategy.num_replicas_in_sync,
+        "replicas": announced.count,
         "weights": [w.tolist() for w in model.get_weights()],
         "history": history.history,
         "steps": int(trainer.counters.step.numpy()),
