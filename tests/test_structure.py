@@ -117,8 +117,9 @@ class Edge:
     target: str
 
 
-def _read(path):
-    text = path.read_text(encoding="utf-8")
+def _read(path, text=None):
+    """The parsed file; `text` stands in for its content (the detectors' own tests)."""
+    text = path.read_text(encoding="utf-8") if text is None else text
     parts = path.relative_to(ROOT).with_suffix("").parts
     is_package = parts[-1] == "__init__"
     module = ".".join(parts[:-1] if is_package else parts)
@@ -387,12 +388,16 @@ def _is_own_object(node):
                                     and _is_own_object(node.args[0])))
 
 
-def private_reaches(source):
-    """[(line, private name, what, fix)] for one file."""
+def private_reaches(source, owners=None):
+    """[(line, private name, what, fix)] for one file.
+
+    `owners`: {private attribute: modules whose classes define it}; by default
+    tapeworks' own (`tapeworks_private_attributes`).
+    """
     found = []
     bound = module_bindings(source)
     own_private = class_private_names(source)
-    owners = tapeworks_private_attributes()
+    owners = tapeworks_private_attributes() if owners is None else owners
 
     def reached_class_private(line, name, how):
         if name in owners and name not in own_private:
@@ -492,21 +497,25 @@ def layer_of(module):
     return None
 
 
-def layer_problems():
+def layer_problems(graph=None, existing=None):
+    """Every violation of LAYERS in `graph` ({module: {target: [Edge]}}, default tapeworks')
+    and every unplaced engine module among `existing` (default: tapeworks' modules)."""
+    graph = import_graph() if graph is None else graph
+    existing = modules() if existing is None else existing
     problems = []
-    for module, source in sorted(modules().items()):
+    for module, source in sorted(existing.items()):
         if module.startswith("tapeworks.engine.") and module not in LAYERS:
             problems.append(f"{source.where}: {module} has no layer. Fix: place it in "
                             "LAYERS in tests/test_structure.py (design/trainer-split.md "
                             "section 5): the layer of the highest module it imports, plus one.")
-    for module, targets in sorted(import_graph().items()):
+    for module, targets in sorted(graph.items()):
         layer = layer_of(module)
         if layer is None:
             continue
         for target, edges in sorted(targets.items()):
             target_layer = layer_of(target)
             lines = ",".join(str(e.line) for e in edges)
-            where = f"{modules()[module].where}:{lines}"
+            where = f"{edges[0].source.where}:{lines}"
             if target_layer is None:
                 if module.startswith("tapeworks.engine"):
                     problems.append(
@@ -527,3 +536,70 @@ def test_engine_import_layers():
     assert not problems, (
         f"{len(problems)} violation(s) of the import layers (design/trainer-split.md "
         "section 5; the table is LAYERS in tests/test_structure.py).\n" + "\n".join(problems))
+
+
+# ---------------------------------------------------------------------------
+# The detectors themselves: each finds what it is for, and nothing else, on a
+# small made-up file (so that a green run above is not a blind one).
+
+
+def _made_up(text, where="tests/made_up.py"):
+    return _read(ROOT / where, text)
+
+
+def test_a_cycle_is_found_with_its_path_and_a_function_level_import_counts():
+    source = _made_up("def later():\n    from tapeworks.engine import trainer\n",
+                      "tapeworks/made_up.py")
+    assert [(line, target) for line, _, target in imported(source)] == [
+        (2, "tapeworks.engine.trainer")]
+    graph = {"a": {"b": []}, "b": {"c": []}, "c": {"a": [], "d": []}, "d": {}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+    assert shortest_path(graph, "b", "a", {"a", "b", "c"}) == ["b", "c", "a"]
+    assert strongly_connected({"a": {"b": []}, "b": {}}) == []
+
+
+def test_private_reaches_are_found_and_other_libraries_privates_are_not():
+    source = _made_up("""\
+import tensorflow as tf
+from tapeworks import errors
+from tapeworks.errors import _hidden
+from tapeworks.errors import ConfigError as _ConfigError
+
+
+def reach(trainer, model, dataset, monkeypatch):
+    trainer._planner.report()
+    errors._detail
+    getattr(trainer, "_planner")
+    monkeypatch.setattr("tapeworks.errors._detail", None)
+    model._flatten_layers
+    dataset._as_serialized_graph()
+    tf._api
+    trainer._not_tapeworks
+
+
+class Own:
+    def __init__(self):
+        self._mine = 1
+
+    def same(self, other):
+        return self._mine + other._mine
+""")
+    found = {(line, name) for line, name, _, _ in private_reaches(
+        source, owners={"_planner": {"tapeworks.engine.trainer"}, "_mine": {"x"}})}
+    assert found == {(3, "_hidden"), (8, "_planner"), (9, "_detail"), (10, "_planner"),
+                     (11, "_detail")}
+
+
+def test_an_upward_import_and_an_unplaced_engine_module_break_the_layers():
+    step = _made_up("", "tapeworks/engine/step.py")
+    graph = {"tapeworks.engine.step": {"tapeworks.engine.trainer": [Edge(step, 7, "")],
+                                       "tapeworks.errors": [Edge(step, 3, "")]},
+             "tapeworks.data.made_up": {"tapeworks.engine.task": [Edge(step, 2, "")]}}
+    unplaced = {"tapeworks.engine.made_up": _made_up("", "tapeworks/engine/made_up.py")}
+    problems = layer_problems(graph, unplaced)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("tapeworks/engine/made_up.py: tapeworks.engine.made_up has "
+                                  "no layer")
+    assert problems[1].startswith("tapeworks/engine/step.py:7: tapeworks.engine.step (layer 0)"
+                                  " imports tapeworks.engine.trainer (layer 5)")
+    assert layer_of("tapeworks.data.pipeline") == 0 and layer_of("tapeworks.bench.x") is None
