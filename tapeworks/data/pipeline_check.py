@@ -154,7 +154,7 @@ def in_memory(graph):
     `tapeworks.data.without_autotuning`); any map, interleave, filter or
     file source makes it False.
     """
-    chain = _chain({n.name: n for n in graph.node})
+    chain = pipeline_chain(graph)
     return bool(chain) and chain[0].op in IN_MEMORY_SOURCES and all(
         node.op in NOTHING_TO_TUNE for node in chain[1:])
 
@@ -166,13 +166,23 @@ def replays_identically(graph):
     random, so the batches a call drew can be drawn again from a new
     iterator (the non-finite guard's replay, `engine.rollback`).
     """
-    chain = _chain({n.name: n for n in graph.node})
+    chain = pipeline_chain(graph)
     return in_memory(graph) and not any(node.op in SHUFFLES for node in chain)
 
 
 # Datasets that only carry options or bookkeeping: not steps of the pipeline.
 BOOKKEEPING = {"OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
                "PrivateThreadPoolDataset", "AssertCardinalityDataset", "ThreadPoolDataset"}
+
+
+def pipeline_chain(graph):
+    """The pipeline's dataset nodes (a graph from `dataset_graph`), source first.
+
+    Follows each dataset's first input from the final one; datasets that only
+    carry options or bookkeeping (`BOOKKEEPING`) are left out. For
+    `range(8).map(f).batch(2)`: the RangeDataset, MapDataset and BatchDatasetV2 nodes.
+    """
+    return _chain({n.name: n for n in graph.node})
 
 
 def _chain(nodes):

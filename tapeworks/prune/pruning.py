@@ -29,7 +29,7 @@ import tensorflow as tf
 from tapeworks.engine.gradient_health import Untracked
 from tapeworks.engine.updater import StepHooks
 from tapeworks.errors import ConfigError
-from tapeworks.prune.schedule import ConstantSparsity, PolynomialDecay, _Schedule
+from tapeworks.prune.schedule import ConstantSparsity, PolynomialDecay, Schedule
 
 # The layers pruned when `layers` is not given: those whose kernel is the
 # bulk of a network's weights and of its multiply-adds.
@@ -97,7 +97,7 @@ class Pruning(tf.Module, StepHooks):
                               "there is no global threshold. Fix: drop scope=\"global\".")
         if schedule is None:
             schedule = ConstantSparsity(0.5)
-        if not isinstance(schedule, _Schedule):
+        if not isinstance(schedule, Schedule):
             raise ConfigError(
                 f"`schedule` must be a tapeworks.prune.ConstantSparsity or PolynomialDecay. "
                 f"Received: {type(schedule).__name__}.")
@@ -225,14 +225,14 @@ class Pruning(tf.Module, StepHooks):
                 mask.assign(two_of_four_mask(kernel))
         elif self.scope == "global":
             magnitudes = [tf.abs(tf.convert_to_tensor(k)) for k, _ in pairs]
-            threshold = _threshold(tf.concat([tf.reshape(m, [-1]) for m in magnitudes], 0),
-                                   sparsity)
+            everything = tf.concat([tf.reshape(m, [-1]) for m in magnitudes], 0)
+            threshold = magnitude_threshold(everything, sparsity)
             for (kernel, mask), magnitude in zip(pairs, magnitudes):
                 mask.assign(tf.cast(magnitude > threshold, mask.dtype))
         else:
             for kernel, mask in pairs:
                 magnitude = tf.abs(tf.convert_to_tensor(kernel))
-                threshold = _threshold(tf.reshape(magnitude, [-1]), sparsity)
+                threshold = magnitude_threshold(tf.reshape(magnitude, [-1]), sparsity)
                 mask.assign(tf.cast(magnitude > threshold, mask.dtype))
 
     # On the host -----------------------------------------------------------
@@ -271,7 +271,7 @@ class Pruning(tf.Module, StepHooks):
         return list(self.layers)
 
 
-def _threshold(magnitudes, sparsity):
+def magnitude_threshold(magnitudes, sparsity):
     """The magnitude at or below which `round(sparsity * n)` of `n` values lie (-1 for none).
 
     Never all `n`: at most `n - 1` are pruned.

@@ -27,7 +27,11 @@ def _check_sparsity(name, value):
             f"to zero (1 would remove the whole kernel). Received: {name}={value!r}")
 
 
-class _Schedule:
+class Schedule:
+    """The base of pruning schedules: when the masks are recomputed (`due`), and to what
+    sparsity (`sparsity`, `final_sparsity`). `Pruning` accepts any subclass.
+    """
+
     def __init__(self, begin_step, end_step, frequency):
         _check_step("begin_step", begin_step)
         if end_step is not None:
@@ -61,7 +65,7 @@ class _Schedule:
         raise NotImplementedError
 
 
-class ConstantSparsity(_Schedule):
+class ConstantSparsity(Schedule):
     """The same target sparsity at every pruning step from `begin_step` on.
 
     Args:
@@ -87,7 +91,7 @@ class ConstantSparsity(_Schedule):
                 f"end_step={self.end_step}, frequency={self.frequency})")
 
 
-class PolynomialDecay(_Schedule):
+class PolynomialDecay(Schedule):
     """Sparsity rising from `initial_sparsity` to `final_sparsity` between two updates.
 
     s(t) = s_f + (s_i - s_f) * (1 - (t - begin_step) / (end_step - begin_step)) ** power,

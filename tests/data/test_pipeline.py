@@ -5,12 +5,11 @@ import pytest
 import tensorflow as tf
 
 from tapeworks import ConfigError, data
-from tapeworks.data.pipeline_check import _chain, dataset_graph
+from tapeworks.data.pipeline_check import dataset_graph, pipeline_chain
 
 
 def ops(dataset):
-    graph = dataset_graph(dataset)
-    return [n.op for n in _chain({n.name: n for n in graph.node})]
+    return [n.op for n in pipeline_chain(dataset_graph(dataset))]
 
 
 def arrays(n=64):

@@ -111,12 +111,13 @@ def test_global_scope_reaches_the_sparsity_over_all_kernels_together():
 
 
 def test_a_tiny_kernel_keeps_its_largest_weight():
-    from tapeworks.prune.pruning import _threshold
+    from tapeworks.prune.pruning import magnitude_threshold
 
     magnitudes = tf.constant([0.5, 0.1, 0.9, 0.3, 0.7, 0.2, 0.8, 0.4, 0.6, 1.0])
-    assert float(_threshold(magnitudes, 0.95)) == pytest.approx(0.9)   # 9 of 10 at or below
-    assert float(_threshold(magnitudes, 0.3)) == pytest.approx(0.3)
-    assert float(_threshold(magnitudes, 0.0)) == -1.0
+    # 9 of 10 at or below:
+    assert float(magnitude_threshold(magnitudes, 0.95)) == pytest.approx(0.9)
+    assert float(magnitude_threshold(magnitudes, 0.3)) == pytest.approx(0.3)
+    assert float(magnitude_threshold(magnitudes, 0.0)) == -1.0
 
 
 def test_updates_are_counted_not_batches_with_accumulation():

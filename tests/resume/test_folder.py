@@ -97,7 +97,14 @@ def test_when_a_save_is_due(tmp_path, monkeypatch):
     by_steps = run_checkpoint.RunCheckpointer(tmp_path / "a", every=100)
     assert not by_steps.due_after_call(99)
     assert by_steps.due_after_call(100) and by_steps.due_after_call(130)
-    by_steps._last_save_step = 130
+
+    def write_state(prefix):
+        with open(prefix, "w") as f:
+            f.write("state")
+
+    # A save at step 130: the next is due at step 200 (every 100 steps, counted from 0).
+    by_steps.save(130, {"epoch": 0, "steps_in_epoch": 130, "data": "replay"},
+                  write_state=write_state, write_data=None, callbacks=[])
     assert not by_steps.due_after_call(199) and by_steps.due_after_call(205)
     by_time = run_checkpoint.RunCheckpointer(tmp_path / "b", every="10min")
     now["t"] += 599

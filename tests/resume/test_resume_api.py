@@ -6,6 +6,7 @@ The kill tests (real processes, SIGKILL and SIGTERM) are in test_kills.py.
 import json
 import os
 import warnings
+import zlib
 
 import keras
 import numpy as np
@@ -316,9 +317,10 @@ def test_a_resumed_auto_run_keeps_the_saved_choice_and_a_fixed_setting_stays_fix
     import tapeworks.engine.run_checkpoint as rc
     folder = rc.CheckpointFolder(tmp_path)
     manifest = json.load(open(tmp_path / "ckpt-000000000006" / "MANIFEST.json"))
-    manifest["files"]["run.json"] = {"bytes": os.path.getsize(
-        tmp_path / "ckpt-000000000006" / "run.json"), "crc32": rc._crc32(
-        tmp_path / "ckpt-000000000006" / "run.json")}
+    run_json = tmp_path / "ckpt-000000000006" / "run.json"
+    # The manifest's format: the file's size, and its CRC-32 (zlib) in 8 hex digits.
+    manifest["files"]["run.json"] = {"bytes": os.path.getsize(run_json),
+                                     "crc32": f"{zlib.crc32(run_json.read_bytes()):08x}"}
     with open(tmp_path / "ckpt-000000000006" / "MANIFEST.json", "w") as f:
         json.dump(manifest, f)
     assert folder.verify(str(tmp_path / "ckpt-000000000006")) is None

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tapeworks.engine import run_checkpoint
+from tapeworks import ConfigError
+from tapeworks.engine import inputs, run_checkpoint
 from tests.resume.test_resume_api import data, saves, trainer, weights
 
 
@@ -76,6 +77,11 @@ def _symbolic(dataset):
     return dataset.with_options(options)
 
 
+def _prepared(dataset):
+    """A user's tf.data pipeline as the data stage hands it on."""
+    return inputs.PreparedData(dataset, inputs.DATASET)
+
+
 def _values(batch):
     return np.asarray(batch).tolist()
 
@@ -132,7 +138,8 @@ def test_a_stateful_random_op_is_refused_even_when_the_user_asked_for_symbolic()
     # A symbolic save skips tf.data's external-state check; the refusal must
     # not depend on it (that pipeline would resume with other noise).
     noisy = tf.data.Dataset.range(10).map(lambda v: tf.random.uniform([]))
-    assert "RandomUniform" in run_checkpoint._unsaveable_op(_symbolic(noisy))
+    with pytest.raises(ConfigError, match="cannot be checkpointed: it runs RandomUniform"):
+        run_checkpoint.data_mode(_prepared(_symbolic(noisy)), "auto")
 
 
 def test_checking_a_pipeline_does_not_change_its_order():
@@ -143,7 +150,7 @@ def test_checking_a_pipeline_does_not_change_its_order():
 
     expected = [_values(b) for b in shuffled()]
     checked = shuffled()
-    assert run_checkpoint._unsaveable_op(checked) is None
+    assert run_checkpoint.data_mode(_prepared(checked), "auto") == "iterator"
     run_checkpoint.symbolic_checkpointing(checked)
     assert [_values(b) for b in checked] == expected
 

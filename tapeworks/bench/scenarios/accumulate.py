@@ -13,17 +13,15 @@ memory that training adds. On a GPU the peak of
 import json
 import os
 import statistics
-import resource
 import subprocess
 import sys
-import threading
-import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
+from tapeworks.bench.memory import PeakSampler, rss_bytes
 from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
@@ -63,39 +61,6 @@ def _trainer(side, width, accumulate, **options):
                    accumulate=accumulate, **options)
 
 
-def _rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-class _PeakSampler:
-    """Samples this process' resident memory every few milliseconds, in a thread.
-
-    `ru_maxrss` cannot be used: it is the peak since the process started, and
-    importing TensorFlow can peak higher than a small training run.
-    """
-
-    def __init__(self, interval=0.002):
-        self.interval = interval
-        self.peak = _rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_bytes())
-            time.sleep(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
-
-
 def measure_memory(accumulate, batch, side, width, steps):
     """Runs in its own process: trains, returns memory figures in MiB.
 
@@ -112,8 +77,8 @@ def measure_memory(accumulate, batch, side, width, steps):
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
-    before = _rss_bytes()
-    with _PeakSampler() as sampler:
+    before = rss_bytes()
+    with PeakSampler() as sampler:
         trainer.fit(dataset, epochs=2, verbose=0)
     result = {"rss_before_mib": before / 2**20, "rss_peak_mib": sampler.peak / 2**20,
               "training_mib": (sampler.peak - before) / 2**20}

@@ -16,7 +16,7 @@ the median, because the effect is a second mode, not a shift of the mean.
 import keras
 
 from tapeworks.bench.data import cached_batches
-from tapeworks.bench.scenarios.loops import SIZES, QUICK_SIZES, _data, _loss, build_mlp
+from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, build_mlp, mlp_data, mlp_loss
 from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.data.pipeline import without_autotuning
 from tapeworks.engine import Trainer
@@ -25,12 +25,12 @@ DESCRIPTION = "in-memory training data with tf.data's autotuning model on vs off
 
 
 def approaches(size, quick=False):
-    x, y = _data(size, size.steps)
+    x, y = mlp_data(size, size.steps)
     cached = cached_batches((x, y), size.batch)
     datasets = {"as built": cached, "through without_autotuning": without_autotuning(cached)}
     out = []
     for state, dataset in datasets.items():
-        trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss())
+        trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss())
         out.append(Approach(
             f"tapeworks (defaults), dataset {state}",
             lambda trainer=trainer, dataset=dataset: (trainer.fit(dataset, verbose=0), len(x))[1],
@@ -38,7 +38,7 @@ def approaches(size, quick=False):
                 trainer, dataset, **(QUICK_SETTLING if quick else {}))))
     for state, dataset in datasets.items():
         model = build_mlp(size.widths)
-        model.compile(keras.optimizers.Adam(1e-3), _loss(), jit_compile=True,
+        model.compile(keras.optimizers.Adam(1e-3), mlp_loss(), jit_compile=True,
                       steps_per_execution=32)
         out.append(Approach(
             f"keras fit (jit_compile=True, steps_per_execution=32), dataset {state}",

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
-from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, _data, _loss, build_mlp
+from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, build_mlp, mlp_data, mlp_loss
 from tapeworks.bench.timing import Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
@@ -56,9 +56,9 @@ def run(quick=False, repeats=5):
     try:
         for size in (QUICK_SIZES if quick else SIZES):
             steps = 30 if quick else STEPS
-            x, y = _data(size, steps)
+            x, y = mlp_data(size, steps)
             samples = steps * size.batch
-            probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+            probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss(),
                             plan_cache=False, seed=0)
             settle_trainer(probe, in_memory_dataset((x, y), size.batch),
                            long_fit_seconds=2.0 if quick else 20.0)
@@ -66,7 +66,7 @@ def run(quick=False, repeats=5):
             saved = {False: [], True: []}
 
             def trainer():
-                return Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+                return Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss(),
                                plan_cache=False, seed=0, **mode)
 
             plain, checkpointed, asynchronous_ = trainer(), trainer(), trainer()

@@ -46,7 +46,7 @@ import time
 import keras
 
 from tapeworks.bench.data import in_memory_dataset
-from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, _data, _loss, build_mlp
+from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, build_mlp, mlp_data, mlp_loss
 from tapeworks.bench.timing import (
     Approach,
     against_target,
@@ -91,10 +91,10 @@ def run(quick=False, repeats=5):
     for size in (QUICK_SIZES[:1] if quick else SIZES):
         if "checks" not in groups and size.name not in _xla_models():
             continue
-        x, y = _data(size, size.steps)
+        x, y = mlp_data(size, size.steps)
         dataset = in_memory_dataset((x, y), size.batch)
         # The mode "auto" settles on without the check, then fixed for both.
-        probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+        probe = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss(),
                         plan_cache=False, **CHECKS["none"])
         # A shorter settling fit for the quick (test) run.
         settle_seconds = 1.0 if quick else 20.0
@@ -113,7 +113,7 @@ def run(quick=False, repeats=5):
         mode = dict(jit_compile=False, steps_per_call=steps_per_call)
         # A repeat of about `repeat_seconds`: whole epochs, or whole calls of
         # an epoch that lasts longer (the large MLP's), timed in that mode.
-        timer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+        timer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss(),
                         plan_cache=False, **CHECKS["none"], **mode)
         timer.fit(dataset, verbose=0)
         start = time.perf_counter()
@@ -132,7 +132,7 @@ def run(quick=False, repeats=5):
 
         def trained(checks, name, fixed):
             fixed_mode = dict(mode) if fixed else {}
-            trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+            trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss(),
                               plan_cache=False, **CHECKS[checks], **fixed_mode)
             if checks == "stepwise":
                 # As for a pipeline that cannot replay its batches.
@@ -271,7 +271,7 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
 
     def trained(kind):
         # Whatever the default: the whole step, or the step split.
-        trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss(),
+        trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss(),
                           plan_cache=False, jit_compile=True, steps_per_call=steps_per_call,
                           split_xla_step_bytes=float("inf") if kind == "whole" else 0,
                           **CHECKS["none" if kind == "none" else "defaults"])

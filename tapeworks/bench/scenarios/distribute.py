@@ -90,11 +90,11 @@ def worker(spec):
         strategies = [tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])]
     else:
         strategies = [tapeworks.distribute.strategy()]   # from TF_CONFIG
-    from tapeworks.bench.scenarios.loops import _data
+    from tapeworks.bench.scenarios.loops import mlp_data
 
     size = next(s for s in _sizes(spec["quick"]) if s.name == spec["model"])
     short = STEPS_PER_CALL * spec["calls"]
-    x, y = _data(size, 2 * short)
+    x, y = mlp_data(size, 2 * short)
     fits = [_fit_under(strategy, approach, size) for strategy in strategies]
     for fit in fits:
         fit(x, y, batch_size=size.batch, epochs=1, verbose=0)   # traced and warm
@@ -125,16 +125,16 @@ def _fit_under(strategy, approach, size):
     import keras
 
     import tapeworks
-    from tapeworks.bench.scenarios.loops import _loss, build_mlp
+    from tapeworks.bench.scenarios.loops import build_mlp, mlp_loss
 
     with strategy.scope():
         model = build_mlp(size.widths)
         if approach.startswith("keras"):
             # Keras' own fit, one step per execution: with more, its fit
             # fails under MirroredStrategy in this TensorFlow (see README).
-            model.compile(keras.optimizers.Adam(1e-3), _loss(), jit_compile=False)
+            model.compile(keras.optimizers.Adam(1e-3), mlp_loss(), jit_compile=False)
             return model.fit
-        return tapeworks.Trainer(model, keras.optimizers.Adam(1e-3), _loss(),
+        return tapeworks.Trainer(model, keras.optimizers.Adam(1e-3), mlp_loss(),
                                  jit_compile=False, steps_per_call=STEPS_PER_CALL,
                                  plan_cache=False, seed=0).fit
 

@@ -19,7 +19,7 @@ import tempfile
 
 import keras
 
-from tapeworks.bench.scenarios.wallclock import _model_and_data
+from tapeworks.bench.scenarios.wallclock import model_and_data as _model_and_data
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("size, load time, latency and accuracy/PSNR of each export format (SavedModel, "

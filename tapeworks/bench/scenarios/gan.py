@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
-from tapeworks.bench.scenarios.accumulate import _PeakSampler, _rss_bytes
+from tapeworks.bench.memory import PeakSampler, rss_bytes
 from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 from tapeworks.engine.task import Task
@@ -209,8 +209,8 @@ def _perceptual_rows(quick, repeats):
 
     def measured(name, run):
         def wrapped():
-            before = _rss_bytes()
-            with _PeakSampler() as sampler:
+            before = rss_bytes()
+            with PeakSampler() as sampler:
                 done = run()
             memory.setdefault(name, []).append((sampler.peak - before) / 2**20)
             return done

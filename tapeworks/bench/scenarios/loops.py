@@ -67,11 +67,16 @@ def build_mlp(widths, seed=0):
     return keras.Sequential(layers)
 
 
-def _loss():
+def mlp_loss():
+    """The loss every `loops` MLP trains on: sparse categorical cross-entropy on logits."""
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _data(size, steps):
+def mlp_data(size, steps):
+    """(x, y) for `steps` batches of the MLP `size`: normal inputs, integer labels, seed 0.
+
+    The scenarios that train a `loops` MLP all use it, so their figures compare.
+    """
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * size.batch, size.widths[0])).astype("float32")
     y = rng.integers(0, size.widths[-1], steps * size.batch).astype("int32")
@@ -80,14 +85,14 @@ def _data(size, steps):
 
 def approaches(size, quick=False):
     """The six loops, each on its own copy of the same model and data."""
-    x, y = _data(size, size.steps)
+    x, y = mlp_data(size, size.steps)
     dataset = in_memory_dataset((x, y), size.batch)
-    sx, sy = _data(size, size.slow_steps)
+    sx, sy = mlp_data(size, size.slow_steps)
     slow_dataset = in_memory_dataset((sx, sy), size.batch)
     samples, slow_samples = len(x), len(sx)
     out = []
 
-    trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), _loss())
+    trainer = Trainer(build_mlp(size.widths), keras.optimizers.Adam(1e-3), mlp_loss())
 
     def tapeworks_setup():
         # "auto" measures its first calls; train until it has chosen, and
@@ -101,7 +106,7 @@ def approaches(size, quick=False):
 
     def keras_fit(jit_compile, steps_per_execution):
         model = build_mlp(size.widths)
-        model.compile(keras.optimizers.Adam(1e-3), _loss(), jit_compile=jit_compile,
+        model.compile(keras.optimizers.Adam(1e-3), mlp_loss(), jit_compile=jit_compile,
                       steps_per_execution=steps_per_execution)
         return lambda: (model.fit(dataset, shuffle=False, verbose=0), samples)[1]
 
@@ -119,7 +124,7 @@ def approaches(size, quick=False):
         return step
 
     model = build_mlp(size.widths)
-    compiled = tf.function(tape_step(model, keras.optimizers.Adam(1e-3), _loss()))
+    compiled = tf.function(tape_step(model, keras.optimizers.Adam(1e-3), mlp_loss()))
 
     def hand_written():
         for bx, by in dataset:
@@ -130,7 +135,7 @@ def approaches(size, quick=False):
     out.append(Approach("hand-written tf.function loop", hand_written))
 
     eager_model = build_mlp(size.widths)
-    eager = tape_step(eager_model, keras.optimizers.Adam(1e-3), _loss())
+    eager = tape_step(eager_model, keras.optimizers.Adam(1e-3), mlp_loss())
 
     def eager_loop():
         for bx, by in slow_dataset:
@@ -140,7 +145,7 @@ def approaches(size, quick=False):
     out.append(Approach("eager loop", eager_loop))
 
     tob_model = build_mlp(size.widths)
-    tob_model.compile(keras.optimizers.Adam(1e-3), _loss())
+    tob_model.compile(keras.optimizers.Adam(1e-3), mlp_loss())
     batches = [(sx[i:i + size.batch], sy[i:i + size.batch])
                for i in range(0, slow_samples, size.batch)]
 

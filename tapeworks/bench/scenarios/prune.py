@@ -25,7 +25,7 @@ import tempfile
 import keras
 import numpy as np
 
-from tapeworks.bench.scenarios.wallclock import _model_and_data
+from tapeworks.bench.scenarios.wallclock import model_and_data
 from tapeworks.engine import Trainer
 
 DESCRIPTION = ("digits CNN dense vs 80% magnitude-pruned vs 2:4: held-out accuracy, "
@@ -49,7 +49,7 @@ def _variants(updates, per_epoch):
 
 
 def _train(variant, seed, epochs):
-    model, loss, (x, y), (vx, vy), batch = _model_and_data("digits CNN", quick=False)
+    model, loss, (x, y), (vx, vy), batch = model_and_data("digits CNN", quick=False)
     keras.utils.set_random_seed(seed)
     model = keras.models.clone_model(model)   # initialised from this seed
     pruning = variant() if variant else None

@@ -45,7 +45,14 @@ SWEEP = [(False, 1), (False, 32), ("update", 32), (True, 1), (True, 32)]
 
 # The worker: one fit in this (fresh) process ---------------------------------
 
-def _model_and_data(name, quick):
+def model_and_data(name, quick):
+    """(model, loss, train, validation, batch size) of one of the benchmark models.
+
+    `name` is one of MODELS_FULL: "digits CNN", "small MLP", "large MLP",
+    "super-resolution"; `quick` picks the smaller variant. Seeded, so every
+    process (and the `export` and `prune` scenarios) builds the same model and
+    data. `train` is (x, y); `validation` is (x, y) or None.
+    """
     import keras
 
     keras.utils.set_random_seed(0)
@@ -62,11 +69,11 @@ def _model_and_data(name, quick):
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return model, loss, (x[:1149], y[:1149]), (x[1149:1437], y[1149:1437]), 32
     if name in ("small MLP", "large MLP"):
-        from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, _data, build_mlp
+        from tapeworks.bench.scenarios.loops import QUICK_SIZES, SIZES, build_mlp, mlp_data
 
         size = (QUICK_SIZES if quick else SIZES)[0 if name == "small MLP" else 1]
         steps = 40 if name == "small MLP" else 10
-        x, y = _data(size, steps)
+        x, y = mlp_data(size, steps)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return build_mlp(size.widths), loss, (x, y), None, size.batch
     if name == "super-resolution":
@@ -84,7 +91,7 @@ def worker(spec):
 
     import keras
 
-    model, loss, train, validation, batch = _model_and_data(spec["model"], spec["quick"])
+    model, loss, train, validation, batch = model_and_data(spec["model"], spec["quick"])
     approach = spec["approach"]
     if approach.startswith("keras"):
         tuned = "jit" in approach
