@@ -63,6 +63,13 @@ LAYERS = {
     # import only TensorFlow and tapeworks.errors.
     "tapeworks.engine.weighting": 0,
     "tapeworks.engine.penalties": 0,
+    # From the split, beside the design's list: the setup warnings of a fit,
+    # the tf.function wrapper that counts traces, one update of a step, and
+    # the planner's timing statistics.
+    "tapeworks.engine.fit_checks": 0,
+    "tapeworks.engine.traced": 0,
+    "tapeworks.engine.updater": 0,
+    "tapeworks.engine.call_timing": 0,
     # Layer 1: one checked configuration, the training state, the data in once.
     "tapeworks.engine.config": 1,
     "tapeworks.engine.training_state": 1,

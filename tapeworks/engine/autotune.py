@@ -158,6 +158,16 @@ class CallPlanner:
         """The execution mode of the next call (the chosen one once chosen)."""
         return self.next_call().jit
 
+    @property
+    def candidate(self):
+        """The measured best (a `Choice`) while it is checked against tf.function, else None."""
+        return self._candidate
+
+    @property
+    def untried(self):
+        """The XLA modes not tried yet, in the order they would be (a copy)."""
+        return list(self._untried)
+
     def queued(self):
         """The planned calls still waiting, in order (a copy)."""
         return list(self._queue)

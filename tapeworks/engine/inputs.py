@@ -389,7 +389,7 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
     else:
         element = tuple(v for v in arrays if v is not None) if y is not None else (x,)
     if shuffle and seed is None:
-        seed = _shuffle_seed()
+        seed = shuffle_seed()
 
     def build():
         dataset = tf.data.Dataset.from_tensor_slices(element)
@@ -408,7 +408,7 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
                         name=name, batch_size=min(batch_size, num_samples), rebuild=build)
 
 
-def _shuffle_seed():
+def shuffle_seed():
     """The seed tf.data's shuffle would draw for itself, drawn here to be kept.
 
     With a seed of its own a shuffle can be built again in the same order

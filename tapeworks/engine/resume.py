@@ -18,7 +18,7 @@ import sys
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import run_checkpoint
+from tapeworks.engine import data_position, run_checkpoint
 from tapeworks.engine.traced import Traced
 from tapeworks.errors import ConfigError, CorrectnessWarning, DataSpecError, warn
 
@@ -152,7 +152,7 @@ class ResumableRun(NoResume):
 
     def restore(self, data):
         checkpointer, workers = self.checkpointer, self.replication.workers
-        checkpointer.data = run_checkpoint.data_mode(data.train, checkpointer.checkpoint_data)
+        checkpointer.data = data_position.data_mode(data.train, checkpointer.checkpoint_data)
         if checkpointer.data == "iterator" and workers > 1:
             raise ConfigError(
                 f"checkpoint_dir with a tf.data pipeline under {workers} workers: tf.data's "
@@ -166,7 +166,7 @@ class ResumableRun(NoResume):
         if checkpointer.data == "iterator":
             saved = (point.symbolic if point is not None and point.data == "iterator"
                      and point.passes else None)
-            train, checkpointer.symbolic_data = run_checkpoint.checkpointable(data.train, saved)
+            train, checkpointer.symbolic_data = data_position.checkpointable(data.train, saved)
             data = dataclasses.replace(data, train=train)
         return point, data
 

@@ -27,11 +27,12 @@ import tensorflow as tf
 
 from tapeworks.errors import PerformanceWarning, warn
 
-try:  # TensorFlow's tf.function class; its path has moved between releases.
+try:  # TensorFlow's tf.function class (the watch wraps its __call__); its path has
+    # moved between releases.
     from tensorflow.python.eager.polymorphic_function.polymorphic_function import (
-        Function as _TfFunction)
+        Function as TfFunction)
 except ImportError:  # pragma: no cover - an older or newer layout: no watching
-    _TfFunction = None
+    TfFunction = None
 
 _INTERNAL = ("tensorflow.", "keras.", "tapeworks.", "tf_keras.")
 
@@ -98,9 +99,9 @@ class RetraceWatch:
         self._original = None
 
     def __enter__(self):
-        if _TfFunction is None:
+        if TfFunction is None:
             return self
-        self._original = original = _TfFunction.__call__
+        self._original = original = TfFunction.__call__
         watch = self
 
         def call(function, *args, **kwargs):
@@ -110,12 +111,12 @@ class RetraceWatch:
                 watch._traced(function, args, kwargs)
             return result
 
-        _TfFunction.__call__ = call
+        TfFunction.__call__ = call
         return self
 
     def __exit__(self, *exc):
         if self._original is not None:
-            _TfFunction.__call__ = self._original
+            TfFunction.__call__ = self._original
             self._original = None
         return False
 

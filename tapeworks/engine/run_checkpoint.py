@@ -58,29 +58,19 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
 import time
-import zlib
 
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.errors import ConfigError, CorrectnessWarning, TapeworksError, warn
-from tapeworks.fileio import fsync_folder
+from tapeworks.engine.checkpoint_folder import (FORMAT, PREFIX, RUN, CheckpointError,
+                                                CheckpointFolder, write_json)
+from tapeworks.errors import ConfigError, CorrectnessWarning, warn
 
 logger = logging.getLogger("tapeworks")
-
-FORMAT = 1
-PREFIX = "ckpt-"
-MANIFEST = "MANIFEST.json"
-RUN = "run.json"
-SEED = "seed.json"
-_COMPLETE = re.compile(r"^ckpt-(\d{12})$")
-_PARTIAL = re.compile(r"^ckpt-\d{12}\.partial-\d+$")
-_REPLACED = re.compile(r"^(ckpt-\d{12})\.replaced-\d+$")
 
 # The exit status after a save on SIGTERM or SIGINT: 128 + the signal's
 # number, what a shell reports for a process the signal ended, so schedulers
@@ -101,13 +91,6 @@ GLOBAL_RANDOM_OPS = {
 }
 
 
-class CheckpointError(TapeworksError, RuntimeError):
-    """A checkpoint folder holds checkpoints, and none of them can be loaded."""
-
-
-# When to save --------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
 class Every:
     """`checkpoint_every`, parsed: every `steps` steps, every epoch, or every `seconds`."""
 
@@ -147,190 +130,6 @@ def parse_every(value):
 
 # The folder ------------------------------------------------------------------------
 
-def _crc32(path):
-    """The file's CRC-32 (zlib).
-
-    A checksum against truncation and corruption, not tampering: what
-    TensorFlow's own checkpoints keep per tensor (CRC-32C). SHA-256 was
-    tried first: 0.21 s of a 0.30 s save of the 60 MiB large-MLP checkpoint
-    on this project's 2-core machine, against 0.06 s for CRC-32 (one-off
-    measurement).
-    """
-    crc = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            crc = zlib.crc32(block, crc)
-    return f"{crc:08x}"
-
-
-def _write_json(path, value):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, default=_json_default)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot store {type(value).__name__} in run.json")
-
-
-class CheckpointFolder:
-    """The checkpoints of one run: complete ones, interrupted ones, retention."""
-
-    def __init__(self, path, keep=3):
-        self.path = os.path.abspath(os.fspath(path))
-        self.keep = keep
-
-    def complete(self):
-        """[(global step, folder)] of complete saves, oldest first."""
-        if not os.path.isdir(self.path):
-            return []
-        found = []
-        for name in os.listdir(self.path):
-            match = _COMPLETE.match(name)
-            if match and os.path.isdir(os.path.join(self.path, name)):
-                found.append((int(match.group(1)), os.path.join(self.path, name)))
-        return sorted(found)
-
-    def partials(self):
-        if not os.path.isdir(self.path):
-            return []
-        return [os.path.join(self.path, n) for n in os.listdir(self.path) if _PARTIAL.match(n)]
-
-    def is_empty(self):
-        return not os.path.isdir(self.path) or not os.listdir(self.path)
-
-    def remove_partials(self):
-        """Removes what interrupted saves left; returns how many.
-
-        A checkpoint being replaced by a save of the same step is put back
-        when the kill came between the two renames.
-        """
-        partials = self.partials()
-        for path in partials:
-            shutil.rmtree(path, ignore_errors=True)
-        for name in os.listdir(self.path) if os.path.isdir(self.path) else []:
-            match = _REPLACED.match(name)
-            if match:
-                original = os.path.join(self.path, match.group(1))
-                if os.path.exists(original):
-                    shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
-                else:
-                    os.rename(os.path.join(self.path, name), original)
-        return len(partials)
-
-    def clear(self):
-        for step, path in self.complete():
-            shutil.rmtree(path, ignore_errors=True)
-        self.remove_partials()
-        for name in (SEED,):
-            if os.path.exists(os.path.join(self.path, name)):
-                os.remove(os.path.join(self.path, name))
-
-    def save(self, step, write_files):
-        """Writes a checkpoint atomically; returns its folder (`write`, then `publish`)."""
-        return self.publish(*self.write(step, write_files))
-
-    def write(self, step, write_files):
-        """The part of a save that must see the state as it is now: the files.
-
-        `write_files(folder)` writes the content into a partial folder; returns
-        (partial, final) for `publish`. Until it is published, a kill leaves a
-        partial folder that the next start removes.
-        """
-        os.makedirs(self.path, exist_ok=True)
-        final = os.path.join(self.path, f"{PREFIX}{step:012d}")
-        partial = f"{final}.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-        write_files(partial)
-        return partial, final
-
-    def publish(self, partial, final):
-        """Makes a written checkpoint durable and complete; returns its folder.
-
-        Syncs every file, writes the manifest (sizes and CRC-32) last, and
-        renames the folder into place. Reads only files that are complete
-        already, so it may run while training goes on (`RunCheckpointer`'s
-        asynchronous saves).
-        """
-        files = {}
-        for root, _, names in os.walk(partial):
-            for name in names:
-                full = os.path.join(root, name)
-                with open(full, "rb+") as f:
-                    os.fsync(f.fileno())
-                files[os.path.relpath(full, partial)] = {
-                    "bytes": os.path.getsize(full), "crc32": _crc32(full)}
-        _write_json(os.path.join(partial, MANIFEST), {"format": FORMAT, "files": files})
-        fsync_folder(partial)
-        replaced = None
-        if os.path.exists(final):
-            # The same step saved again (the end of the run after a
-            # step-count save caught its last step): the newer one replaces
-            # it, the old one set aside until the new one is in place.
-            replaced = f"{final}.replaced-{os.getpid()}"
-            os.rename(final, replaced)
-        os.rename(partial, final)
-        fsync_folder(self.path)
-        if replaced:
-            shutil.rmtree(replaced, ignore_errors=True)
-        return final
-
-    def verify(self, folder):
-        """None when `folder`'s files match its manifest, else what is wrong."""
-        manifest_path = os.path.join(folder, MANIFEST)
-        try:
-            with open(manifest_path, encoding="utf-8") as f:
-                manifest = json.load(f)
-            files = manifest["files"]
-        except FileNotFoundError:
-            return "its MANIFEST.json is missing (the save did not finish)"
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            return f"its MANIFEST.json cannot be read ({error})"
-        for name, expected in files.items():
-            path = os.path.join(folder, name)
-            if not os.path.exists(path):
-                return f"{name} is missing"
-            size = os.path.getsize(path)
-            if size != expected["bytes"]:
-                return f"{name} has {size} bytes, {expected['bytes']} were written (truncated or changed)"
-            if _crc32(path) != expected["crc32"]:
-                return f"{name} does not match its checksum (corrupt)"
-        return None
-
-    def retain(self, best=None):
-        """Removes all but the newest `keep` saves and the `best` folder."""
-        saves = self.complete()
-        keep = {path for _, path in saves[-self.keep:]} if self.keep else set()
-        if best is not None:
-            keep.add(best)
-        for _, path in saves:
-            if path not in keep:
-                shutil.rmtree(path, ignore_errors=True)
-
-    def seed(self, make):
-        """The run's seed: stored at the first start, the same after every restart."""
-        path = os.path.join(self.path, SEED)
-        try:
-            with open(path, encoding="utf-8") as f:
-                return int(json.load(f)["seed"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        seed = make()
-        os.makedirs(self.path, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        _write_json(temporary, {"seed": seed})
-        os.replace(temporary, path)
-        return seed
-
-
-# Callbacks' state --------------------------------------------------------------------
-
-# What each stateful Keras callback keeps between epochs (read in their
-# sources, keras/src/callbacks/*.py): numbers, restored as they were.
 _CALLBACK_FIELDS = {
     "EarlyStopping": ("wait", "stopped_epoch", "best", "best_epoch"),
     "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
@@ -374,130 +173,6 @@ def restore_callbacks_state(callbacks, states, arrays):
         if saved["fields"]:
             restored.append(saved["class"])
     return restored
-
-
-# The data ----------------------------------------------------------------------------
-
-def data_mode(prepared, checkpoint_data):
-    """How the data position is saved: "replay" (arrays, or "skip") or "iterator".
-
-    Raises `ConfigError` for data whose position cannot be saved.
-    """
-    from tapeworks.engine import inputs
-
-    if checkpoint_data not in ("auto", "skip"):
-        raise ConfigError(
-            f"`checkpoint_data` must be \"auto\" or \"skip\". Received: "
-            f"checkpoint_data={checkpoint_data!r}")
-    if checkpoint_data == "skip" or prepared.kind == inputs.ARRAYS:
-        return "replay"
-    if prepared.kind != inputs.DATASET:
-        raise ConfigError(
-            f"The training data is a {prepared.kind}, whose position a checkpoint cannot hold "
-            "(Python code runs outside the graph). Expected a tf.data.Dataset or arrays with "
-            "checkpoint_dir. Fix: pass arrays or a tf.data pipeline, or "
-            "fit(..., checkpoint_data=\"skip\"): a resumed run then re-creates the data and "
-            "skips the batches already trained this epoch (exact when the data comes in the "
-            "same order every time).")
-    unsaveable = _unsaveable_op(prepared.dataset)
-    if unsaveable:
-        raise ConfigError(
-            f"The training pipeline cannot be checkpointed: it runs {unsaveable}, whose state "
-            "tf.data cannot save (Python code, or a random op outside tf.data's seeds). "
-            "Expected a pipeline of tf.data and TensorFlow ops. Fix: rewrite that step with "
-            "TensorFlow ops (for randomness: a `seed` argument or tf.random.stateless_*), or "
-            "fit(..., checkpoint_data=\"skip\"): a resumed run then re-creates the pipeline and "
-            "skips the batches already trained this epoch (exact only when the pipeline gives "
-            "the same batches in the same order every time).")
-    return "iterator"
-
-
-def _unsaveable_op(dataset):
-    """The first op whose state tf.data refuses to save ('PyFunc in map'), or None.
-
-    Asked of tf.data itself, by serializing the pipeline's graph with the
-    "fail" external-state policy. Not by starting an iterator: every
-    iterator started over a dataset advances its reshuffling seeds, so a
-    probe iterator would give the run another order of examples than the
-    same run without `checkpoint_dir`.
-    """
-    try:
-        dataset._as_serialized_graph(
-            external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
-    except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError,
-            tf.errors.InvalidArgumentError) as error:
-        message = str(error).splitlines()[0].split("}} ")[-1]
-        op = re.search(r"\b(PyFunc\w*|EagerPyFunc|Generator\w*|Random\w+|\w+Dataset)\b", message)
-        return f"{op.group(1)} ({message[:200]})" if op else message[:240]
-    return None
-
-
-# tf.data's symbolic iterator checkpointing is implemented by some
-# transformations only; saving an iterator that has drawn through any other
-# fails ("FixedLengthRecordDatasetV2 does not support symbolic
-# checkpointing"), and tf.data cannot be asked beforehand without starting an
-# iterator (see `_unsaveable_op` for why not). So: the transformations it was
-# measured to accept (TF 2.21; tests/resume/test_symbolic_data.py draws and
-# saves each one symbolically); a pipeline with any other keeps the explicit
-# checkpoint. Measured refusals: cache, window, group_by_window and
-# bucket_by_sequence_length, unique, snapshot, rebatch, fixed-length records,
-# a parallel interleave with deterministic=False. Left out although tf.data
-# accepts it: a parallel interleave (its restored iterator hung, one-off run
-# with cycle_length=2 on TF 2.21), and any transformation with
-# deterministic=False (its order is not reproducible anyway).
-SYMBOLIC_OPS = frozenset({
-    "AssertCardinalityDataset", "BatchDatasetV2", "ConcatenateDataset",
-    "DirectedInterleaveDataset", "FilterDataset", "FlatMapDataset", "InterleaveDataset",
-    "MapDataset", "OptionsDataset", "PaddedBatchDatasetV2", "ParallelBatchDataset",
-    "ParallelMapDatasetV2", "PrefetchDataset",
-    "RandomDataset", "RangeDataset", "RepeatDataset", "ScanDataset", "ShardDataset",
-    "ShuffleDatasetV3", "SkipDataset", "TFRecordDataset", "TakeDataset", "TensorDataset",
-    "TensorSliceDataset", "TextLineDataset", "UnbatchDataset", "ZipDataset",
-})
-
-
-def symbolic_checkpointing(dataset, saved=None):
-    """`dataset` with tf.data's symbolic iterator checkpointing where it applies; and whether.
-
-    With `tf.data.Options().experimental_symbolic_checkpoint`, an iterator
-    checkpoint keeps cursors into the sources instead of the elements in
-    flight: the batches a prefetch or parallel map holds are not written
-    into every checkpoint, they are recomputed on restore (12,768 bytes
-    against 732 for a small map -> batch -> prefetch pipeline; a shuffle
-    buffer is kept either way). `saved` is what the checkpoint being resumed
-    used (None for a fresh run): a checkpoint is read the way it was
-    written. Otherwise it applies when every transformation of the pipeline
-    is one of `SYMBOLIC_OPS`. Call after `data_mode` has refused unsaveable
-    pipelines: a symbolic save skips tf.data's external-state check.
-    """
-    if saved is False or (saved is None and symbolic_refusals(dataset)):
-        return dataset, False
-    options = tf.data.Options()
-    options.experimental_symbolic_checkpoint = True
-    return dataset.with_options(options), True
-
-
-def checkpointable(prepared, saved=None):
-    """`prepared` with its dataset as `symbolic_checkpointing` makes it, and whether symbolic.
-
-    A new `PreparedData`: the data stage's own is not changed.
-    """
-    dataset, symbolic = symbolic_checkpointing(prepared.dataset, saved)
-    return dataclasses.replace(prepared, dataset=dataset), symbolic
-
-
-def symbolic_refusals(dataset):
-    """The transformations of `dataset` outside `SYMBOLIC_OPS` (nested pipelines included)."""
-    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
-    nodes = list(graph.node)
-    for function in graph.library.function:   # interleave's and flat_map's pipelines
-        nodes.extend(function.node_def)
-    refused = set()
-    for node in nodes:
-        if re.search(r"Dataset(V\d+)?$", node.op) and (
-                node.op not in SYMBOLIC_OPS or node.attr["deterministic"].s == b"false"):
-            refused.add(node.op)
-    return sorted(refused)
 
 
 def global_random_ops(concrete_functions):
@@ -750,7 +425,7 @@ class RunCheckpointer:
             # Held in memory already (the callbacks' arrays are copies).
             if arrays:
                 np.savez(os.path.join(folder, "callbacks.npz"), **arrays)
-            _write_json(os.path.join(folder, RUN), run)
+            write_json(os.path.join(folder, RUN), run)
 
         if not self.chief:
             return self._save_as_worker(step, position, write_files, start)

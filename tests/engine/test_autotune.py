@@ -73,7 +73,7 @@ def test_never_keeps_a_choice_slower_than_one_step_tf_function():
         return 0.005 + steps * {True: 0.001, "update": 0.0015, False: 0.002}[jit]
 
     planner = CallPlanner("auto", "auto")
-    while planner.tuning and planner._candidate is None:
+    while planner.tuning and planner.candidate is None:
         planner.remaining_steps = 10**7
         probe = planner.next_call()
         planner.record(probe, probe.steps, probe.steps, probe.steps * BATCH,
@@ -159,10 +159,10 @@ def test_cut_short_calls_are_not_measured():
 def test_xla_failure_drops_only_the_failed_mode():
     planner = CallPlanner("auto", 4)
     planner.drop_xla(RuntimeError("no kernel"), True)
-    assert planner._untried == ["update"]
+    assert planner.untried == ["update"]
     assert "XLA could not compile the XLA step" in planner.report()["notes"][0]
     planner.drop_xla(RuntimeError("no kernel"), "update")
-    assert {p.jit for p in planner._queue} == {False} and planner._untried == []
+    assert {p.jit for p in planner.queued()} == {False} and planner.untried == []
 
 
 def steady_cost(first=0.3, warm=0.3, step=0.002, overhead=0.001, xla_step=0.001,

@@ -109,13 +109,13 @@ def test_changing_shapes_are_reported_from_the_third_trace():
 
 
 def test_the_watch_restores_tf_function_after_fit_even_on_error():
-    original = retracing._TfFunction.__call__
+    original = retracing.TfFunction.__call__
     trainer = _trainer()
     with pytest.raises(Exception):
         trainer.fit(np.zeros((4, 7), "float32"), np.zeros((4, 1), "float32"), verbose=0)
-    assert retracing._TfFunction.__call__ is original
+    assert retracing.TfFunction.__call__ is original
     trainer.fit(*_data(), verbose=0)
-    assert retracing._TfFunction.__call__ is original
+    assert retracing.TfFunction.__call__ is original
 
 
 def test_several_trainers_do_not_trip_tensorflows_retracing_warning(caplog):

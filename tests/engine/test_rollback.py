@@ -195,7 +195,7 @@ def test_the_seed_kept_for_replay_is_the_one_the_shuffle_would_draw():
     tf.random.set_seed(5)
     drawn_by_tf = orders(tf.data.Dataset.range(20).shuffle(20))
     tf.random.set_seed(5)
-    kept = inputs._shuffle_seed()
+    kept = inputs.shuffle_seed()
     assert orders(tf.data.Dataset.range(20).shuffle(20, seed=kept)) == drawn_by_tf
 
 

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from tapeworks import ConfigError
-from tapeworks.engine.run_checkpoint import CheckpointFolder, Every, parse_every
+from tapeworks.engine.checkpoint_folder import CheckpointFolder
+from tapeworks.engine.run_checkpoint import Every, parse_every
 
 
 def write(text):
@@ -144,7 +145,7 @@ def test_bad_retention_options_are_refused(tmp_path, options, message):
 
 
 def test_bad_checkpoint_data_is_refused():
-    from tapeworks.engine import run_checkpoint
+    from tapeworks.engine import data_position
 
     with pytest.raises(ConfigError, match='`checkpoint_data` must be "auto" or "skip"'):
-        run_checkpoint.data_mode(None, "sometimes")
+        data_position.data_mode(None, "sometimes")

@@ -3,7 +3,7 @@
 With it, a checkpoint of a pipeline's position holds cursors into its sources
 instead of the batches in flight (prefetch and parallel-map buffers): a
 smaller checkpoint, recomputed on restore. tf.data implements it for some
-transformations only (`run_checkpoint.SYMBOLIC_OPS`); other pipelines keep the
+transformations only (`data_position.SYMBOLIC_OPS`); other pipelines keep the
 explicit checkpoint.
 """
 
@@ -89,7 +89,7 @@ def _values(batch):
 def test_every_listed_transformation_is_saved_symbolically_and_resumes_exactly(tmp_path):
     covered = set()
     for index, dataset in enumerate(accepted(tmp_path)):
-        assert run_checkpoint.symbolic_refusals(dataset) == []
+        assert data_position.symbolic_refusals(dataset) == []
         covered |= _dataset_ops(dataset)
         iterator = iter(_symbolic(dataset))
         for _ in range(3):
@@ -100,13 +100,13 @@ def test_every_listed_transformation_is_saved_symbolically_and_resumes_exactly(t
         again = iter(_symbolic(dataset))
         tf.train.Checkpoint(iterator=again).read(prefix).assert_consumed()
         assert [_values(b) for b in again] == rest, index
-    assert covered == set(run_checkpoint.SYMBOLIC_OPS)   # each one measured here
+    assert covered == set(data_position.SYMBOLIC_OPS)   # each one measured here
 
 
 def test_every_other_pipeline_keeps_the_explicit_checkpoint(tmp_path):
     for dataset in refused(tmp_path):
-        assert run_checkpoint.symbolic_refusals(dataset), dataset
-        kept, symbolic = run_checkpoint.symbolic_checkpointing(dataset)
+        assert data_position.symbolic_refusals(dataset), dataset
+        kept, symbolic = data_position.symbolic_checkpointing(dataset)
         assert symbolic is False and kept is dataset
         # tf.data refuses it once the iterator has drawn (when a TensorFlow
         # release accepts one, this fails: add it to SYMBOLIC_OPS).
@@ -117,7 +117,7 @@ def test_every_other_pipeline_keeps_the_explicit_checkpoint(tmp_path):
     # Accepted by tf.data, left out: a restored parallel interleave hung.
     parallel = tf.data.Dataset.range(4).interleave(
         lambda i: tf.data.Dataset.range(5), cycle_length=2, num_parallel_calls=2)
-    assert run_checkpoint.symbolic_refusals(parallel) == ["ParallelInterleaveDatasetV4"]
+    assert data_position.symbolic_refusals(parallel) == ["ParallelInterleaveDatasetV4"]
 
 
 def _dataset_ops(dataset):
@@ -128,9 +128,9 @@ def _dataset_ops(dataset):
 
 def test_a_resumed_run_reads_the_checkpoint_the_way_it_was_written():
     parallel = tf.data.Dataset.range(10).map(lambda v: v + 1, num_parallel_calls=2)
-    kept, symbolic = run_checkpoint.symbolic_checkpointing(parallel, saved=False)
+    kept, symbolic = data_position.symbolic_checkpointing(parallel, saved=False)
     assert symbolic is False and kept is parallel   # an explicit save stays explicit
-    dataset, symbolic = run_checkpoint.symbolic_checkpointing(parallel)
+    dataset, symbolic = data_position.symbolic_checkpointing(parallel)
     assert symbolic is True and dataset.options().experimental_symbolic_checkpoint
 
 
@@ -139,7 +139,7 @@ def test_a_stateful_random_op_is_refused_even_when_the_user_asked_for_symbolic()
     # not depend on it (that pipeline would resume with other noise).
     noisy = tf.data.Dataset.range(10).map(lambda v: tf.random.uniform([]))
     with pytest.raises(ConfigError, match="cannot be checkpointed: it runs RandomUniform"):
-        run_checkpoint.data_mode(_prepared(_symbolic(noisy)), "auto")
+        data_position.data_mode(_prepared(_symbolic(noisy)), "auto")
 
 
 def test_checking_a_pipeline_does_not_change_its_order():
@@ -150,8 +150,8 @@ def test_checking_a_pipeline_does_not_change_its_order():
 
     expected = [_values(b) for b in shuffled()]
     checked = shuffled()
-    assert run_checkpoint.data_mode(_prepared(checked), "auto") == "iterator"
-    run_checkpoint.symbolic_checkpointing(checked)
+    assert data_position.data_mode(_prepared(checked), "auto") == "iterator"
+    data_position.symbolic_checkpointing(checked)
     assert [_values(b) for b in checked] == expected
 
 
@@ -175,7 +175,7 @@ def test_a_symbolic_checkpoint_holds_no_prefetched_batches(tmp_path):
 
     sizes = {}
     for name, dataset in [("explicit", pipeline()),
-                          ("symbolic", run_checkpoint.symbolic_checkpointing(pipeline())[0])]:
+                          ("symbolic", data_position.symbolic_checkpointing(pipeline())[0])]:
         iterator = iter(dataset)
         next(iterator)
         time.sleep(0.5)   # the prefetch thread fills its buffer meanwhile

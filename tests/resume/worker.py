@@ -132,7 +132,9 @@ def main(spec):
         # written and synced, the folder not yet renamed into place.
         published = {"n": 0}
         original_publish = run_checkpoint.CheckpointFolder.publish
-        original_sync = run_checkpoint.fsync_folder
+        from tapeworks.engine import checkpoint_folder
+
+        original_sync = checkpoint_folder.fsync_folder
 
         def publish(self, partial, final):
             published["n"] += 1
@@ -144,7 +146,7 @@ def main(spec):
             original_sync(path)
 
         run_checkpoint.CheckpointFolder.publish = publish
-        run_checkpoint.fsync_folder = sync_or_die
+        checkpoint_folder.fsync_folder = sync_or_die
 
     callbacks = [Record()]
     if spec.get("early_stopping"):
