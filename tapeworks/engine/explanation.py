@@ -207,9 +207,9 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
                         first_call(jit, memory)
                     except (tf.errors.InvalidArgumentError,
                             tf.errors.UnimplementedError) as error:
-                        failed.append(Change(
-                            f"jit_compile={jit!r}", "", None,
-                            f"XLA cannot compile this step: {config_lib.describe_xla_failure(error)}"))
+                        reason = config_lib.describe_xla_failure(error)
+                        failed.append(Change(f"jit_compile={jit!r}", "", None,
+                                             f"XLA cannot compile this step: {reason}"))
                         continue
                     seconds = per_step(jit, memory, best_calls, 3)
                     changes.append(Change(

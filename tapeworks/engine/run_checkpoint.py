@@ -48,7 +48,7 @@ save fails (Keras' `Variable._copy_trackable_to_cpu` creates a new
 `tf.Variable` inside TensorFlow's copy `tf.function`: "tf.function only
 supports singleton tf.Variables created on the first call"; TensorFlow 2.21,
 Keras 3.15), so the write stays on the training thread, traced once so that
-it costs the reads and one SaveV2 (`Trainer._write_run_state`).
+it costs the reads and one SaveV2 (`resume.ResumableRun._write_state`).
 """
 
 import concurrent.futures

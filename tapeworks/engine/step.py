@@ -45,7 +45,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
     recorded in the forward, so an update applied first (the discriminator)
     does not change the gradient of the next (the generator).
 
-    `xla_gradients` (see `Trainer._splits_xla_step`): the forward and backward passes
+    `xla_gradients` (see `CompiledSteps.splits_xla_step`): the forward and backward passes
     run as one XLA-compiled function that returns the gradients; the checks
     read them outside XLA, and the updaters (fused: `jit_compile="update"`)
     apply them in XLA again.
@@ -161,7 +161,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
 
 
 # Gradients from this size (bytes) make an XLA step with checks on a CPU run
-# split (`Trainer._splits_xla_step`): none, since the checks read each
+# split (`CompiledSteps.splits_xla_step`): none, since the checks read each
 # gradient's largest magnitude inside XLA (`gradient_health.gradient_sentinels`).
 # While they read its sum of squares (XLA's float sums are not vectorised on a
 # CPU), the split paid from about 16 MiB (one-off, the defaults' checks over
