@@ -9,7 +9,6 @@ do not match it (truncated, corrupt) is reported and the previous one used
 (`run_checkpoint.RunCheckpointer.restore`).
 """
 
-import dataclasses
 import json
 import logging
 import os
@@ -38,9 +37,6 @@ class CheckpointError(TapeworksError, RuntimeError):
     """A checkpoint folder holds checkpoints, and none of them can be loaded."""
 
 
-# When to save --------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
 def _crc32(path):
     """The file's CRC-32 (zlib).
 

@@ -185,14 +185,14 @@ class CompiledSteps:
                      else updater.ChainedHooks(self.hooks, config.pruning))
             return [
                 updater.Updater(update.optimizer, self.precision, update_state, update.variables(),
-                             clip_norm=config.clip_norm, clip_value=config.clip_value,
-                             allow_missing_gradients=config.allow_missing_gradients,
-                             hooks=hooks,
-                             fuse_update=mode == "update" and not config.run_eagerly,
-                             guard=state.guard if checks_finite else None,
-                             dead=state.dead_gradients[index] if state.dead_gradients else None,
-                             xla_step=mode is True and not config.run_eagerly,
-                             monitor=state.monitors[index] if monitored else None)
+                                clip_norm=config.clip_norm, clip_value=config.clip_value,
+                                allow_missing_gradients=config.allow_missing_gradients,
+                                hooks=hooks,
+                                fuse_update=mode == "update" and not config.run_eagerly,
+                                guard=state.guard if checks_finite else None,
+                                dead=state.dead_gradients[index] if state.dead_gradients else None,
+                                xla_step=mode is True and not config.run_eagerly,
+                                monitor=state.monitors[index] if monitored else None)
                 for index, (update, update_state) in enumerate(
                     zip(self.task.updates, state.update_states))]
 
@@ -210,8 +210,8 @@ class CompiledSteps:
             updaters = self.updaters(mode)
 
             def close_all():
-                for updater in updaters:
-                    tf.cond(updater.state.has_pending(), updater.close_window, lambda: None)
+                for one in updaters:
+                    tf.cond(one.state.has_pending(), one.close_window, lambda: None)
 
             return (close_all if self.config.run_eagerly
                     else tf.function(Traced(close_all), autograph=False))

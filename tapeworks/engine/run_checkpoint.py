@@ -91,6 +91,9 @@ GLOBAL_RANDOM_OPS = {
 }
 
 
+# When to save --------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
 class Every:
     """`checkpoint_every`, parsed: every `steps` steps, every epoch, or every `seconds`."""
 
