@@ -135,7 +135,12 @@ class CheckpointFolder:
         partial = f"{final}.partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-        write_files(partial)
+        try:
+            write_files(partial)
+        except BaseException:
+            # A full disk, a kill-free error: its files go now, not at the next start.
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         return partial, final
 
     def publish(self, partial, final):

@@ -162,7 +162,7 @@ class ResumableRun(NoResume):
                 "checkpoint_data=\"skip\". Fix: pass checkpoint_data=\"skip\" (the "
                 "pipeline is re-created and the batches already trained are skipped: exact "
                 "for a pipeline in a fixed order), or arrays.")
-        point = checkpointer.restore(self.read_state)
+        point = checkpointer.restore(self.read_state, self.state.structure_record())
         if checkpointer.data == "iterator":
             saved = (point.symbolic if point is not None and point.data == "iterator"
                      and point.passes else None)
@@ -267,7 +267,8 @@ class ResumableRun(NoResume):
                     "samples_in_epoch": samples_in_epoch, "passes": batches.passes,
                     "batches_drawn": batches.drawn, "data": checkpointer.data,
                     "symbolic_data": checkpointer.symbolic_data,
-                    "planner": self.plan.saved_choice(), "seed": self.data_seed}
+                    "planner": self.plan.saved_choice(), "seed": self.data_seed,
+                    "structure": self.state.structure_record()}
         self.last_checkpoint = checkpointer.save(
             host_step, position, self._write_state,
             lambda prefix: tf.train.Checkpoint(iterator=batches.current).write(prefix),

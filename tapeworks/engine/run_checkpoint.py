@@ -52,12 +52,14 @@ it costs the reads and one SaveV2 (`resume.ResumableRun._write_state`).
 """
 
 import concurrent.futures
+import errno
 import dataclasses
 import datetime
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import tempfile
 import threading
@@ -317,12 +319,16 @@ class RunCheckpointer:
     def run_seed(self, make):
         return self.folder.seed(make)
 
-    def restore(self, read_state):
+    def restore(self, read_state, structure=None):
         """Loads the newest complete checkpoint; returns a `ResumePoint`, or None.
 
         `read_state(prefix)` restores the TensorFlow part. A checkpoint that
         fails its manifest or does not load is reported and the previous one
         tried; when checkpoints exist and none loads, `CheckpointError`.
+        `structure`: the running model's (`TrainingState.structure_record`); a
+        checkpoint saved with another is refused before anything is read
+        (TensorFlow's restore would load a superset model's checkpoint into a
+        smaller one silently).
         """
         removed = self.folder.remove_partials() if self.chief else 0
         if removed:
@@ -339,6 +345,15 @@ class RunCheckpointer:
                         run = json.load(f)
                     if run.get("format") != FORMAT:
                         raise ValueError(f"format {run.get('format')!r}, expected {FORMAT}")
+                    difference = structure_difference(run.get("structure"), structure)
+                    if difference is not None:
+                        raise CheckpointError(
+                            f"checkpoint_dir {self.folder.path} holds a run of another model: "
+                            f"{os.path.basename(folder)} {difference}. Nothing was restored; "
+                            "the model is unchanged. Expected the checkpoints of this model. "
+                            "Fix: pass another checkpoint_dir, or resume=False, "
+                            "overwrite=True to start this model over there (that deletes "
+                            "them).")
                     read_state(os.path.join(folder, "state"))
                 except (OSError, ValueError, KeyError, tf.errors.OpError, AssertionError) as error:
                     problem = f"it does not load ({type(error).__name__}: {str(error)[:300]})"
@@ -432,7 +447,12 @@ class RunCheckpointer:
 
         if not self.chief:
             return self._save_as_worker(step, position, write_files, start)
-        partial, final = self.folder.write(step, write_files)
+        try:
+            partial, final = self.folder.write(step, write_files)
+        except (OSError, tf.errors.OpError) as error:
+            # TensorFlow's own message (a ResourceExhaustedError with an
+            # out-of-memory hint, 1.5k characters) is not chained: ours says it.
+            raise _unwritten(step, self.folder.path, error) from None
         if best_value is not None and (self._best is None or _better(
                 self.keep_best, best_value, self._best[0])):
             self._best = (best_value, final)
@@ -515,6 +535,54 @@ class RunCheckpointer:
         path = os.path.join(point.folder, "callbacks.npz")
         arrays = dict(np.load(path)) if os.path.exists(path) else {}
         return point.run.get("callbacks", []), arrays
+
+
+def structure_difference(saved, current):
+    """The first difference between a saved and the running structure, as words; None if none.
+
+    Each is `{"models": [[[shape], dtype, path], ...] per model], "optimizers": ...}`;
+    shapes and dtypes are compared (layer names carry a process-wide counter),
+    the running model's paths name the difference. None when either is unknown
+    (a checkpoint written before structures were recorded).
+    """
+    if not saved or not current:
+        return None
+    for part in ("models", "optimizers"):
+        theirs, ours = saved.get(part, []), current.get(part, [])
+        if len(theirs) != len(ours):
+            return (f"was saved with {len(theirs)} {part[:-1]}(s), this run has {len(ours)}")
+        for index, (old, new) in enumerate(zip(theirs, ours)):
+            for position, (was, now) in enumerate(zip(old, new)):
+                if list(was[:2]) != list(now[:2]):
+                    return (f"has {tuple(was[0])} {was[1]} as variable {position} of "
+                            f"{part[:-1]} {index}, where this run has {now[2]} "
+                            f"{tuple(now[0])} {now[1]}")
+            if len(old) != len(new):
+                extra = (f"{len(old) - len(new)} variable(s) more (the first: {old[len(new)][2]}"
+                         f" {tuple(old[len(new)][0])})" if len(old) > len(new) else
+                         f"{len(new) - len(old)} variable(s) fewer (this run's "
+                         f"{new[len(old)][2]} is not in it)")
+                return f"has {extra} in {part[:-1]} {index} than this run"
+    return None
+
+
+def _unwritten(step, path, error):
+    """The `CheckpointError` of a save whose files could not be written (disk full, permissions)."""
+    full = isinstance(error, tf.errors.ResourceExhaustedError) or getattr(
+        error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+    try:
+        free = f"{shutil.disk_usage(path).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    text = str(getattr(error, "message", None) or error).strip().splitlines()
+    what = "the disk is full" if full else f"{type(error).__name__}: {text[0][:160] if text else ''}"
+    return CheckpointError(
+        f"The checkpoint of step {step} could not be written to {path}: {what} ({free} "
+        "there). Nothing was lost: the checkpoints before it are intact (its unfinished files "
+        "were removed) and the model is as trained. Expected a writable checkpoint_dir with "
+        "room for one more checkpoint. Fix: free space there (or keep fewer: `keep=`) or pass "
+        "another checkpoint_dir, then run the same command again to resume from the last "
+        "complete checkpoint.")
 
 
 def _unfinished(record, error):

@@ -180,6 +180,19 @@ class TrainingState:
             *task.models, *(u.optimizer for u in task.updates), self.counters,
             self.precision, *self.update_states)), len(state.metrics), len(state.random_states))
 
+    def structure_record(self):
+        """What a run checkpoint records of the model (`run_checkpoint.structure_difference`).
+
+        Per model and per optimizer, each variable's shape, dtype and path, in
+        order: a checkpoint of another model (one layer more) is refused by it.
+        """
+        def listed(variables):
+            return [[list(v.shape), str(getattr(v.dtype, "name", v.dtype)), v.path]
+                    for v in variables]
+
+        return {"models": [listed(m.variables) for m in self.task.models],
+                "optimizers": [listed(u.optimizer.variables) for u in self.task.updates]}
+
     def metric_variables(self):
         """The loss trackers', the models' compiled metrics' and the Task's own metrics' variables."""
         found = [v for t in self.loss_trackers.values() for v in t.variables]
