@@ -12,6 +12,8 @@ was told fine-tuning in inference mode is meant
 (`Trainer(fine_tune_in_inference_mode=True)`).
 """
 
+import inspect
+
 import keras
 import tensorflow as tf
 
@@ -82,7 +84,10 @@ def built_in_inference(models):
     `training=True` reaches them (tests/engine/test_inference_mode.py), so
     the call site the user wrote never shows at trace time. Read from the
     model's graph (`_nodes_by_depth`: Keras' own record of each call and
-    its arguments; there is no public accessor).
+    its arguments; there is no public accessor). A layer whose `call` has a
+    `training` default of its own (an LSTM's `training=False`) is left out:
+    Keras fills that default into the recorded call when the user passed
+    nothing, so the False there is not the user's.
     """
     found = []
     for model in layers_of(models, include_self=True):
@@ -90,9 +95,19 @@ def built_in_inference(models):
             for node in nodes:
                 layer = node.operation
                 if (node.arguments.kwargs.get("training") is False
-                        and isinstance(layer, keras.layers.Layer) and layer not in found):
+                        and isinstance(layer, keras.layers.Layer) and layer not in found
+                        and not has_training_default(layer)):
                     found.append(layer)
     return found
+
+
+def has_training_default(layer):
+    """Whether `layer.call` gives `training` a default other than None (Keras then fills it in)."""
+    try:
+        parameter = inspect.signature(layer.call).parameters.get("training")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default not in (None, inspect.Parameter.empty)
 
 
 def check_built(models, updates):

@@ -129,3 +129,25 @@ def test_a_frozen_batchnorm_whose_statistics_were_never_computed():
     with warnings.catch_warnings():
         warnings.simplefilter("error", CorrectnessWarning)
         fit(model(pretrained=True))
+
+
+@pytest.mark.parametrize("layer", [keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN])
+def test_no_warning_for_a_training_default_keras_filled_in(layer):
+    # Keras records an RNN's own `training=False` default in the Functional
+    # graph when the user passed nothing: that False is not the user's.
+    inputs = keras.Input((5, 3))
+    model = keras.Model(inputs, keras.layers.Dense(1)(layer(4)(inputs)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        Trainer(model, "adam", "mse", jit_compile=False, plan_cache=False).fit(
+            np.zeros((8, 5, 3), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+
+
+def test_a_training_false_the_user_wrote_on_an_rnn_free_layer_still_warns():
+    # The same graph with an encoder the user called with training=False.
+    encoder = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(encoder(inputs, training=False)))
+    with pytest.warns(CorrectnessWarning, match="training=False when its Functional model"):
+        Trainer(model, "adam", "mse", jit_compile=False, plan_cache=False).fit(
+            np.zeros((8, 3), "float32"), np.zeros((8, 1), "float32"), verbose=0)
