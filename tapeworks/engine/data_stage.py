@@ -18,6 +18,7 @@ import tensorflow as tf
 from tapeworks.data import pipeline_check
 from tapeworks.data.pipeline import without_autotuning
 from tapeworks.engine import inputs
+from tapeworks.engine import task as task_lib
 from tapeworks.engine import input_planner as input_planner_lib
 from tapeworks.errors import (ConfigError, CorrectnessWarning, DataSpecError, PerformanceWarning,
                               warn)
@@ -178,7 +179,9 @@ class DataStage:
         """One checked `PreparedData`; raises `ConfigError`/`DataSpecError` before any step."""
         prepared = inputs.prepare(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
                                   seed=self.seed, class_weight=class_weight, steps=steps,
-                                  purpose=purpose, name=name)
+                                  purpose=purpose, name=name,
+                                  # A Task gets from arrays what a dataset of them gives.
+                                  bare_x=not isinstance(self.task, task_lib.SupervisedTask))
         if batch_size is not None and prepared.kind != inputs.ARRAYS \
                 and not batch_size_ignored_quietly:
             # Keras ignores it too; saying so costs nothing.

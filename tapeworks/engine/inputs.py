@@ -109,7 +109,7 @@ class PreparedData:
 
 
 def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, seed=None,
-            class_weight=None, steps=None, purpose="fit", name="x"):
+            class_weight=None, steps=None, purpose="fit", name="x", bare_x=False):
     """Returns the `PreparedData` for Keras-style inputs.
 
     Args:
@@ -124,6 +124,10 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
             `predict(steps=)`, `validation_steps`).
         purpose: "fit", "evaluate" or "predict" (predict needs no targets).
         name: how messages call the argument.
+        bare_x: arrays without `y` (nor `sample_weight`) make batches of `x`
+            itself, as a dataset of single tensors does, instead of the 1-tuple
+            `(x,)` Keras' unpacking expects: a `Task`'s `compute_losses` then
+            gets the same batch from arrays and from a dataset. Not for predict.
     """
     if purpose != "predict" and y is None and sample_weight is None and _is_legacy_tuple(x):
         # tapeworks' original `fit((x, y))`: still accepted.
@@ -159,7 +163,7 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
                                 reusable=kind == GENERATOR_FUNCTION, name=name)
     elif _all_arrays((x, y, sample_weight)) and x is not None:
         prepared = _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight,
-                                purpose, name)
+                                purpose, name, bare_x)
     else:
         raise ConfigError(
             f"`{name}` has a type tapeworks cannot read: {_type_name(x)}. Expected NumPy "
@@ -345,7 +349,8 @@ def batch_size_of(x):
 
 # Arrays -------------------------------------------------------------------
 
-def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, purpose, name):
+def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, purpose, name,
+                 bare_x=False):
     if batch_size is None:
         batch_size = DEFAULT_BATCH_SIZE
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -386,6 +391,8 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
             "filtering that produced it.")
     if purpose == "predict":
         element = (x,)   # (x,): a tuple x of several inputs stays one x
+    elif bare_x and y is None and sample_weight is None:
+        element = x
     else:
         element = tuple(v for v in arrays if v is not None) if y is not None else (x,)
     if shuffle and seed is None:

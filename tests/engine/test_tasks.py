@@ -335,3 +335,31 @@ def test_task_errors():
         trainer.fit(tf.data.Dataset.from_tensor_slices((real, noise)).batch(8), verbose=0)
     with pytest.raises(tapeworks.ConfigError, match="capture_every"):
         tapeworks.Trainer(GAN(mlp((2, 3), 0, "g"), mlp((3, 1), 0, "d")), capture_every=0)
+
+
+def test_a_task_gets_the_same_batch_from_arrays_and_from_a_dataset():
+    # The README's GAN does `tf.shape(real)[0]` on the batch: from an array it
+    # must be a tensor too, not the 1-tuple (x,) Keras' unpacking expects.
+    seen = []
+
+    class Recon(tapeworks.Task):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp((3, 4, 3), 0, "recon")
+            self.add_update("recon", "loss", self.net, keras.optimizers.SGD(0.1))
+
+        def compute_losses(self, batch, training):
+            seen.append(type(batch).__name__)
+            return {"loss": tf.reduce_mean(tf.square(self.net(batch) - batch))
+                    + 0.0 * tf.cast(tf.shape(batch)[0], tf.float32)}
+
+    x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")
+    from_array = tapeworks.Trainer(Recon(), jit_compile=False, steps_per_call=2, seed=0,
+                                   plan_cache=False)
+    from_array.fit(x, batch_size=4, shuffle=False, epochs=1, verbose=0)
+    from_dataset = tapeworks.Trainer(Recon(), jit_compile=False, steps_per_call=2, seed=0,
+                                     plan_cache=False)
+    from_dataset.fit(tf.data.Dataset.from_tensor_slices(x).batch(4), epochs=1, verbose=0)
+    assert "tuple" not in seen and seen
+    for a, b in zip(from_array.model.get_weights(), from_dataset.model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
