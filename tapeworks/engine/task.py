@@ -387,12 +387,17 @@ class SupervisedTask(Task):
         return self.network(x, training=False)
 
     def check_data(self, element_spec, name, needs_targets=True, arrays=None):
+        # A model compiled without a loss takes its loss from `add_loss` (endpoint
+        # layers): Keras' fit trains it on inputs alone, and so does this.
+        needs_targets = needs_targets and self.network.loss is not None
         if arrays is not None:
             if needs_targets and arrays[1] is None:
                 raise DataSpecError(
-                    f"`{name}` was given as arrays without targets. Expected `y` for a "
-                    f"supervised model. Fix: pass them, e.g. `fit(x, y, ...)` (or a "
-                    "dataset of (x, y) batches).")
+                    f"`{name}` was given as arrays without targets. Expected `y` for a model "
+                    f"compiled with a loss ({_loss_name(self.network.loss)}). Fix: pass "
+                    "them, e.g. `fit(x, y, ...)` (or a dataset of (x, y) batches); or, if "
+                    "the model's loss comes from `add_loss` (an endpoint layer), compile it "
+                    "without one: `model.compile(optimizer)`.")
             guards.check_array_inputs(arrays[0], self.network, name=name)
         guards.check_data_spec(element_spec, self.network, needs_targets=needs_targets,
                                name=name)
@@ -400,6 +405,10 @@ class SupervisedTask(Task):
             labels = "y" if arrays is not None else f"the labels in `{name}`"
             guards.check_targets(element_spec[1], self.network, self.network.loss,
                                  name=labels, values=arrays[1] if arrays else None)
+
+
+def _loss_name(loss):
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or repr(loss)
 
 
 def _compile(model, **given):
