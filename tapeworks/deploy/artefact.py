@@ -175,8 +175,10 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             archived.save(partial)
         measured, verified_in, verdict = verify()
         if not verdict.passed:
-            flatbuffer, kept = _localise_and_repair(serving, examples, quantize, verdict, strict,
-                                                    judge_in_this_process)
+            producers = serving.output_layers(list(reference))
+            flatbuffer, kept = _localise_and_repair(
+                serving, examples, quantize, verdict, strict, judge_in_this_process,
+                [producers.get(name) for name in sorted(reference)])
             _write(partial, flatbuffer)
             measured, verified_in, verdict = verify()
             if not verdict.passed:   # passed in this process: the runtimes disagree
@@ -199,14 +201,15 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
                         advice=quantisation.preprocessing_note(kept), **measured)
 
 
-def _localise_and_repair(serving, examples, quantize, verdict, strict, judge_candidate):
+def _localise_and_repair(serving, examples, quantize, verdict, strict, judge_candidate,
+                         output_layers):
     """(flatbuffer, LayerErrors kept in float) of a repaired int8 model, or an ExportError."""
     if quantize != "int8":
         # The debugger's per-op comparison needs int8's calibration.
         raise ExportError(quantisation.refusal(quantize, verdict, [], strict))
     calibration = litert.Int8Calibration(serving, examples)
     layers = quantisation.localise(calibration, {layer.name for layer in serving.layers()},
-                                   serving.preprocessing_layer_names())
+                                   serving.preprocessing_layer_names(), output_layers)
     if strict:
         raise ExportError(quantisation.refusal(quantize, verdict, layers, strict=True))
     flatbuffer, kept, last = quantisation.repair(calibration, layers, judge_candidate)

@@ -138,8 +138,12 @@ class Int8Calibration:
         """{tensor name: rms of its float value about its mean}, over the examples."""
         from ai_edge_litert.interpreter import Interpreter
 
-        interpreter = Interpreter(model_content=self.debugger.calibrated_model,
-                                  experimental_preserve_all_tensors=True)
+        with warnings.catch_warnings():
+            # It warns that keeping every intermediate tensor costs memory: here
+            # that is the point, on a small calibration batch.
+            warnings.simplefilter("ignore", UserWarning)
+            interpreter = Interpreter(model_content=self.debugger.calibrated_model,
+                                      experimental_preserve_all_tensors=True)
         inputs = interpreter.get_input_details()
         totals = {}
         for detail, value in zip(inputs, next(self._rows(self.examples))):

@@ -41,42 +41,60 @@ class LayerError:
         width = self.high - self.low
         return self.error / width if width else 0.0
 
+    @property
+    def beyond_rounding(self):
+        """The error is far more than rounding to its own steps gives (step / sqrt(12)):
+        what the op loses is in its inputs or constants (a 1/std of a pixel that never
+        varies), not in its output's range."""
+        return self.error > 4 * (self.high - self.low) / 255 / math.sqrt(12)
+
     def __str__(self):
         step = (self.high - self.low) / 255
         where = ", preprocessing" if self.preprocessing else ""
+        cause = (f"; rounding to those steps alone gives {step / math.sqrt(12):.2g}: the op "
+                 "loses it in its int8 inputs or constants" if self.beyond_rounding else "")
         return (f"{self.layer} ({self.op}{where}): int8 activations in [{self.low:.3g}, "
                 f"{self.high:.3g}] (steps of {step:.3g}), adds an rms error of "
-                f"{self.error:.3g}, {self.relative:.0%} of its output's spread ({self.spread:.3g})")
+                f"{self.error:.3g}, {self.relative:.0%} of its output's spread "
+                f"({self.spread:.3g}){cause}")
 
 
-def localise(calibration, layer_names, preprocessing_names):
-    """[LayerError] of every quantised op of an `Int8Calibration`, worst first."""
+def localise(calibration, layer_names, preprocessing_names, output_layers=()):
+    """[LayerError] of every quantised op of an `Int8Calibration`, worst first.
+
+    `output_layers` names the layer behind each of the signature's outputs,
+    in its flattened order (outputs sorted by name), where it is known.
+    """
     layers = []
     for op in calibration.ops:
-        layer = layer_of(op["tensor"], layer_names)
+        layer = layer_of(op["tensor"], layer_names, output_layers)
         layers.append(LayerError(layer=layer, op=op["op"], tensor=op["tensor"], low=op["low"],
                                  high=op["high"], error=op["error"], spread=op["spread"],
                                  preprocessing=layer in preprocessing_names))
     return sorted(layers, key=lambda layer: layer.relative, reverse=True)
 
 
-def layer_of(tensor, layer_names):
+def layer_of(tensor, layer_names, output_layers=()):
     """The Keras layer a converted tensor belongs to, from its name scopes.
 
     A tensor is named after the ops fused into it, each by its scopes:
-    "sequential_1/dense_1/MatMul;sequential_1/dense_1/Relu". A traced layer's
-    scope is its name, with "_<n>" appended where the name was taken in that
-    graph. A tensor with no layer in its name (the signature's output,
-    "StatefulPartitionedCall:0") is named as itself.
+    "sequential_1/dense_1/MatMul;sequential_1/dense_1/Relu". TensorFlow
+    uniquifies a traced layer's scope within its graph, so the layer "dense"
+    is traced as "dense_1" and "dense_1" as "dense_1_2": the name without its
+    last "_<n>" is tried first. The signature's outputs are named after it
+    ("StatefulPartitionedCall:0"), so they are named by `output_layers`.
     """
+    output = re.fullmatch(r"StatefulPartitionedCall:(\d+)", tensor)
+    if output:
+        index = int(output.group(1))
+        known = output_layers[index] if index < len(output_layers) else None
+        return known or f"the output layer (tensor {tensor})"
     for fused in tensor.split(";"):
         scopes = fused.split("/")[:-1]
         for scope in reversed(scopes):
-            for candidate in (scope, re.sub(r"_\d+$", "", scope)):
+            for candidate in (re.sub(r"_\d+$", "", scope), scope):
                 if candidate in layer_names:
                     return candidate
-    if tensor.startswith("StatefulPartitionedCall"):
-        return f"the output layer (tensor {tensor})"
     return tensor
 
 

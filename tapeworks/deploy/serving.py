@@ -73,6 +73,25 @@ class Serving:
                                 if isinstance(self.preprocessing, keras.layers.Layer) else [])
         return [layer for part in parts for layer in part._flatten_layers(include_self=True)]
 
+    def output_layers(self, output_names):
+        """{output name: the model's layer that computes it}, where the model says.
+
+        `output_names` are the signature's outputs, in the model's output order.
+        """
+        tensors = getattr(self.model, "outputs", None) or []
+        if len(tensors) != len(output_names):
+            return {}
+        found = {}
+        for name, tensor in zip(output_names, tensors):
+            for layer in self.model.layers:
+                try:
+                    output = layer.output
+                except (AttributeError, ValueError):   # never called, or called twice
+                    continue
+                if output is tensor:
+                    found[name] = layer.name
+        return found
+
     def preprocessing_layer_names(self):
         """Names of the preprocessing's layers (none for a function)."""
         if not isinstance(self.preprocessing, keras.layers.Layer):
