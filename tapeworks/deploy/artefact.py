@@ -175,10 +175,9 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
             archived.save(partial)
         measured, verified_in, verdict = verify()
         if not verdict.passed:
-            producers = serving.output_layers(list(reference))
             flatbuffer, kept = _localise_and_repair(
                 serving, examples, quantize, verdict, strict, judge_in_this_process,
-                [producers.get(name) for name in sorted(reference)])
+                serving.output_layers(list(reference)))
             _write(partial, flatbuffer)
             measured, verified_in, verdict = verify()
             if not verdict.passed:   # passed in this process: the runtimes disagree
@@ -301,8 +300,6 @@ def _run_fresh(format, artefact, inputs, modules):
         with np.load(produced) as data:
             timings["outputs"] = {name: data[name] for name in data.files}
     return timings, "a fresh process"
-
-
 
 
 def _put_in_place(partial, path):

@@ -80,10 +80,11 @@ class Int8Calibration:
 
     Each row of `ops` is one quantised op: its type ("FULLY_CONNECTED"), its
     output tensor's name in the calibrated model (what `denylisted_nodes`
-    takes), the int8 activation range, the root-mean-square error the op adds
-    (its int8 output against the same op computed in float on float inputs,
-    TensorFlow's NumericVerify) and the root-mean-square spread of its float
-    output about its mean (what that error is measured against).
+    takes), the signature output it is (or None), the int8 activation range,
+    the root-mean-square error the op adds (its int8 output against the same
+    op computed in float on float inputs, TensorFlow's NumericVerify) and the
+    root-mean-square spread of its float output about its mean (what that
+    error is measured against).
     """
 
     def __init__(self, serving, examples):
@@ -98,12 +99,22 @@ class Int8Calibration:
             self.debugger.run()
         self.ops = self._ops()
 
-    def _input_order(self):
+    def _signature(self):
+        """({tensor index: signature input name}, {tensor name: signature output name})."""
         from ai_edge_litert.interpreter import Interpreter
 
+        runner = Interpreter(model_content=self.debugger.calibrated_model).get_signature_runner(
+            "serving_default")
+        return ({d["index"]: name for name, d in runner.get_input_details().items()},
+                {d["name"]: name for name, d in runner.get_output_details().items()})
+
+    def _input_order(self):
+        """The signature's input names in the order the debugger feeds the model's inputs."""
+        from ai_edge_litert.interpreter import Interpreter
+
+        by_index, _ = self._signature()
         details = Interpreter(model_content=self.debugger.calibrated_model).get_input_details()
-        # Inputs of a signature are named "serving_default_<name>:0" in the flatbuffer.
-        return [re.sub(r"^serving_default_|:\d+$", "", d["name"]) for d in details]
+        return [by_index[d["index"]] for d in details]
 
     def _rows(self, examples):
         order = self._input_order()
@@ -118,11 +129,12 @@ class Int8Calibration:
         rows = list(csv.DictReader(dump))
         names = self._calibrated_names()
         spread = self._float_spread(names)
+        _, outputs = self._signature()
         ops = []
         for key, row in zip(self.debugger.layer_statistics, rows):
             tensor = _calibrated_name(key, names)
             scale, zero_point = float(row["scale"]), int(float(row["zero_point"]))
-            ops.append({"op": row["op_name"], "tensor": tensor,
+            ops.append({"op": row["op_name"], "tensor": tensor, "output": outputs.get(tensor),
                         "low": (-128 - zero_point) * scale, "high": (127 - zero_point) * scale,
                         "error": float(np.sqrt(float(row["mean_squared_error"]))),
                         "spread": spread.get(tensor, float("nan"))})

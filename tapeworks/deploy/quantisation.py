@@ -59,43 +59,39 @@ class LayerError:
                 f"({self.spread:.3g}){cause}")
 
 
-def localise(calibration, layer_names, preprocessing_names, output_layers=()):
+def localise(calibration, layer_names, preprocessing_names, output_layers=None):
     """[LayerError] of every quantised op of an `Int8Calibration`, worst first.
 
-    `output_layers` names the layer behind each of the signature's outputs,
-    in its flattened order (outputs sorted by name), where it is known.
+    `output_layers` maps the signature's outputs to the layers that compute
+    them, where known: an output tensor is named after the signature
+    ("StatefulPartitionedCall:0"), not after its layer.
     """
     layers = []
     for op in calibration.ops:
-        layer = layer_of(op["tensor"], layer_names, output_layers)
+        layer = (output_layers or {}).get(op["output"]) or layer_of(op["tensor"], layer_names)
         layers.append(LayerError(layer=layer, op=op["op"], tensor=op["tensor"], low=op["low"],
                                  high=op["high"], error=op["error"], spread=op["spread"],
                                  preprocessing=layer in preprocessing_names))
     return sorted(layers, key=lambda layer: layer.relative, reverse=True)
 
 
-def layer_of(tensor, layer_names, output_layers=()):
+def layer_of(tensor, layer_names):
     """The Keras layer a converted tensor belongs to, from its name scopes.
 
     A tensor is named after the ops fused into it, each by its scopes:
     "sequential_1/dense_1/MatMul;sequential_1/dense_1/Relu". TensorFlow
     uniquifies a traced layer's scope within its graph, so the layer "dense"
     is traced as "dense_1" and "dense_1" as "dense_1_2": the name without its
-    last "_<n>" is tried first. The signature's outputs are named after it
-    ("StatefulPartitionedCall:0"), so they are named by `output_layers`.
+    last "_<n>" is tried first. A tensor with no layer in its name is named
+    as itself.
     """
-    output = re.fullmatch(r"StatefulPartitionedCall:(\d+)", tensor)
-    if output:
-        index = int(output.group(1))
-        known = output_layers[index] if index < len(output_layers) else None
-        return known or f"the output layer (tensor {tensor})"
     for fused in tensor.split(";"):
         scopes = fused.split("/")[:-1]
         for scope in reversed(scopes):
             for candidate in (re.sub(r"_\d+$", "", scope), scope):
                 if candidate in layer_names:
                     return candidate
-    return tensor
+    return f"tensor {tensor}"
 
 
 def repair(calibration, layers, judge_candidate, tries=REPAIR_TRIES):
@@ -148,7 +144,14 @@ def refusal(quantize, verdict, layers, strict, kept=None, last=None):
     head = (f"The {quantize} LiteRT model is too far from the model: {verdict.problem}. "
             "Nothing was left at the path.")
     if not layers:
-        return head + (" Fix: a lighter quantisation (\"float16\", \"dynamic\"), or for int8, "
+        if quantize != "int8":
+            closer = ", or \"float16\" (closer to float)" if quantize == "dynamic" else ""
+            return head + (" The layers to blame are found on int8's calibration (TensorFlow's "
+                           "QuantizationDebugger), which this quantisation has none of. Fix: "
+                           f"quantize=None (float32){closer}; or quantize=\"int8\" with "
+                           "representative_data, which names the layers that lose the "
+                           "accuracy and keeps them in float32.")
+        return head + (" Fix: a lighter quantisation (\"float16\", \"dynamic\"), or "
                        "representative_data that covers the inputs' real range.")
     blame = ("\nThe layers that lose the most in int8 (error each adds, against its output's "
              f"spread):\n{table(layers)}")
@@ -159,7 +162,8 @@ def refusal(quantize, verdict, layers, strict, kept=None, last=None):
                 + (", or move the preprocessing out" if note else "") + "; or a lighter "
                 "quantisation (\"float16\", \"dynamic\")." + (f"\n{note}" if note else ""))
     tried = ", ".join(layer.layer for layer in kept or [])
+    last_problem = last.problem if last is not None else "not tried"
     return (head + blame + f"\nKeeping up to {len(kept or [])} of them in float32 ({tried}) "
-            f"did not pass either (last try: {last.problem if last else '?'}). Fix: a lighter quantisation "
+            f"did not pass either (last try: {last_problem}). Fix: a lighter quantisation "
             "(\"float16\", \"dynamic\"), or representative_data that covers the inputs' real "
             "range." + (f"\n{note}" if note else ""))

@@ -131,3 +131,14 @@ def test_digits_with_in_graph_normalisation_exports_as_int8_with_no_extra_argume
     assert kept and kept[0].layer == normalisation.name and kept[0].preprocessing
     assert "move it out of the quantised graph" in report.advice
     assert f"kept in float32: {normalisation.name} (" in str(report)
+
+
+def test_a_converted_tensor_is_named_by_its_layer_whose_traced_scope_was_uniquified():
+    from tapeworks.deploy.quantisation import layer_of
+
+    names = {"sequential", "dense", "dense_1", "normalization"}
+    assert layer_of("sequential_1/dense_1/MatMul;sequential_1/dense_1/Relu", names) == "dense"
+    assert layer_of("sequential_1/dense_1_2/MatMul", names) == "dense_1"
+    assert layer_of("normalization_1/truediv;normalization_1/Maximum1", names) == \
+        "normalization"
+    assert layer_of("Const_1", names) == "tensor Const_1"

@@ -39,8 +39,8 @@ def test_a_function_or_an_unbuilt_layer_is_refused_naming_what_is_missing(tmp_pa
         export(model_on(4), tmp_path / "m", preprocessing=lambda t: t / 255.0)
     with pytest.raises(ConfigError, match=r"the layer 'halve' \(Rescaling\) is not built.*raw "
                                           r"input 'features'.*sample="):
-        export(model_on(4), tmp_path / "m", preprocessing=keras.layers.Rescaling(0.5,
-                                                                                  name="halve"))
+        export(model_on(4), tmp_path / "m",
+               preprocessing=keras.layers.Rescaling(0.5, name="halve"))
     assert list(tmp_path.iterdir()) == []
 
 
