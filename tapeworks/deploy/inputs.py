@@ -23,18 +23,24 @@ def raw_specs(model, preprocessing):
             says which input and how to give it.
     """
     if preprocessing is None:
-        inputs = getattr(model, "inputs", None) or []
+        inputs = _fixed_inputs(model)
         if not inputs:
             raise ConfigError(
                 f"{type(model).__name__} has no fixed inputs (a subclassed model): the "
                 "artefact's signature cannot be read from it. Expected `sample`. Fix: "
                 "export(model, path, sample=<a batch of real inputs>).")
         return [(t.name, tuple(t.shape), _dtype(t.dtype)) for t in inputs]
-    if isinstance(preprocessing, keras.Model) and getattr(preprocessing, "inputs", None):
-        return [(t.name, tuple(t.shape), _dtype(t.dtype)) for t in preprocessing.inputs]
+    model_inputs = _fixed_inputs(model)
+    name = model_inputs[0].name if len(model_inputs) == 1 else "inputs"
+    if isinstance(preprocessing, keras.Model) and _fixed_inputs(preprocessing):
+        tensors = _fixed_inputs(preprocessing)
+        # A Sequential built by a call names its input itself ("keras_tensor_3"):
+        # the signature keeps the model's input name then.
+        names = ([name] if len(tensors) == 1 and tensors[0].name.startswith("keras_tensor")
+                 else [t.name for t in tensors])
+        return [(n, (None,) + tuple(t.shape)[1:], _dtype(t.dtype))
+                for n, t in zip(names, tensors)]
     if isinstance(preprocessing, keras.layers.Layer):
-        model_inputs = getattr(model, "inputs", None) or []
-        name = model_inputs[0].name if len(model_inputs) == 1 else "inputs"
         shape = (preprocessing.get_build_config() or {}).get("input_shape") \
             if preprocessing.built else None
         if shape is not None and not isinstance(shape, dict) and (
@@ -42,7 +48,7 @@ def raw_specs(model, preprocessing):
             return [(name, (None,) + tuple(shape)[1:], _dtype(preprocessing.input_dtype))]
         raise ConfigError(
             f"`preprocessing` needs `sample`: the layer {preprocessing.name!r} "
-            f"({type(preprocessing).__name__}) is not built on a single input, so the shape and "
+            f"({type(preprocessing).__name__}) is not built (on one input), so the shape and "
             f"dtype of the raw input {name!r} cannot be read from it. Fix: export(..., "
             "sample=<a few raw examples>), or adapt/build the layer first (e.g. "
             "layer.adapt(raw_training_data)).")
@@ -51,6 +57,14 @@ def raw_specs(model, preprocessing):
         "function) does not say the shapes and dtypes of the raw inputs it takes. Fix: "
         "export(..., sample=<a few raw examples>), or write it as a Keras layer or Functional "
         "model (keras.layers.Normalization, Rescaling, ...), whose inputs are known.")
+
+
+def _fixed_inputs(model):
+    """A model's symbolic inputs, or [] (a subclassed model, a Sequential never built)."""
+    try:
+        return list(model.inputs or [])
+    except (AttributeError, ValueError):
+        return []
 
 
 def _dtype(dtype):

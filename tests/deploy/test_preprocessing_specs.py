@@ -22,6 +22,13 @@ def test_a_built_layer_gives_the_raw_input_its_shape_dtype_and_the_models_input_
                                                       np.dtype("float32"))]
 
 
+def test_a_sequential_built_by_a_call_gives_the_models_input_name_and_any_batch():
+    preprocessing = keras.Sequential([keras.layers.Rescaling(1 / 16)])
+    preprocessing(np.zeros((2, 4), "float32"))
+    assert raw_specs(model_on(4), preprocessing) == [("features", (None, 4),
+                                                      np.dtype("float32"))]
+
+
 def test_a_functional_model_gives_each_raw_input():
     pixels = keras.Input((8, 8, 1), name="pixels")
     counts = keras.Input((3,), dtype="int32", name="counts")
@@ -37,8 +44,8 @@ def test_a_function_or_an_unbuilt_layer_is_refused_naming_what_is_missing(tmp_pa
     with pytest.raises(ConfigError, match=r"`preprocessing` needs `sample`: a function \(a "
                                           r"Python function\).*sample=<a few raw examples>"):
         export(model_on(4), tmp_path / "m", preprocessing=lambda t: t / 255.0)
-    with pytest.raises(ConfigError, match=r"the layer 'halve' \(Rescaling\) is not built.*raw "
-                                          r"input 'features'.*sample="):
+    with pytest.raises(ConfigError, match=r"the layer 'halve' \(Rescaling\) is not built "
+                                          r"\(on one input\).*raw input 'features'.*sample="):
         export(model_on(4), tmp_path / "m",
                preprocessing=keras.layers.Rescaling(0.5, name="halve"))
     assert list(tmp_path.iterdir()) == []
