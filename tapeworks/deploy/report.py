@@ -45,6 +45,8 @@ class ExportReport:
         metric = (f"; {self.metric['name']} {self.metric['model']:.4g} (model) -> "
                   f"{self.metric['artefact']:.4g} (artefact) on the validation data"
                   if self.metric else "")
+        if self.metric and self.quantize:   # what the quantised model was judged by
+            metric += f" (tolerance: {self.metric['tolerance']})"
         agreement = (f"; argmax agreement with the model {self.agreement:.1%}"
                      if self.agreement is not None else "")
         kept = ("; kept in float32: " + "; ".join(str(layer) for layer in self.kept_float)
