@@ -10,7 +10,7 @@ quantised op, the error it adds (TensorFlow's NumericVerify: its int8 output
 against the same op in float on float inputs) against the spread of its
 float output, and ranks the ops by that ratio. `repair` keeps the worst ones
 in float32, one more at a time in that order, until the model passes the
-same verification: the fewest, in the ranking's order, that do.
+same verification, then puts back into int8 any of them it passes without.
 """
 
 import dataclasses
@@ -95,7 +95,12 @@ def layer_of(tensor, layer_names):
 
 
 def repair(calibration, layers, judge_candidate, tries=REPAIR_TRIES):
-    """The first int8 model that passes with the worst 1, 2, ... layers in float.
+    """An int8 model that passes with the fewest layers in float that this search finds.
+
+    The worst 1, 2, ... layers are kept in float until a model passes; then
+    each of them is put back into int8, least damaging first, where the model
+    still passes without it (an op ranked high only because its int8 inputs
+    come from another one recovers once that one is float).
 
     Args:
         calibration: the `Int8Calibration` that measured `layers`.
@@ -107,14 +112,25 @@ def repair(calibration, layers, judge_candidate, tries=REPAIR_TRIES):
         (flatbuffer, the LayerErrors kept in float, its Verdict), or
         (None, the LayerErrors of the last try, its Verdict) when none passed.
     """
-    verdict, kept = None, []
+    def attempt(kept):
+        flatbuffer = calibration.model_keeping_float([layer.tensor for layer in kept])
+        return flatbuffer, judge_candidate(flatbuffer)
+
+    verdict, kept, found = None, [], None
     for count in range(1, min(len(layers), tries) + 1):
         kept = layers[:count]
-        flatbuffer = calibration.model_keeping_float([layer.tensor for layer in kept])
-        verdict = judge_candidate(flatbuffer)
+        flatbuffer, verdict = attempt(kept)
         if verdict.passed:
-            return flatbuffer, kept, verdict
-    return None, kept, verdict
+            found = (flatbuffer, kept, verdict)
+            break
+    if found is None:
+        return None, kept, verdict
+    for layer in reversed(found[1][:-1]):   # the last one added was needed: without it, no pass
+        fewer = [other for other in found[1] if other is not layer]
+        flatbuffer, verdict = attempt(fewer)
+        if verdict.passed:
+            found = (flatbuffer, fewer, verdict)
+    return found
 
 
 def table(layers, count=5):
