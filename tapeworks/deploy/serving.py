@@ -94,9 +94,13 @@ class Serving:
 
     def preprocessing_layer_names(self):
         """Names of the preprocessing's layers (none for a function)."""
-        if not isinstance(self.preprocessing, keras.layers.Layer):
-            return set()
-        return {layer.name for layer in self.preprocessing._flatten_layers(include_self=True)}
+        names, waiting = set(), [self.preprocessing]
+        while waiting:   # a model's layers, and theirs (Keras' public `layers`)
+            layer = waiting.pop()
+            if isinstance(layer, keras.layers.Layer):
+                names.add(layer.name)
+                waiting += list(getattr(layer, "layers", None) or [])
+        return names
 
     def _custom_classes(self):
         seen = {}
