@@ -54,7 +54,7 @@ def raw_specs(model, preprocessing):
             "layer.adapt(raw_training_data)).")
     raise ConfigError(
         f"`preprocessing` needs `sample`: a {type(preprocessing).__name__} (a Python "
-        "function) does not say the shapes and dtypes of the raw inputs it takes. Fix: "
+        f"function) does not say the shape and dtype of the raw input {name!r} it takes. Fix: "
         "export(..., sample=<a few raw examples>), or write it as a Keras layer or Functional "
         "model (keras.layers.Normalization, Rescaling, ...), whose inputs are known.")
 

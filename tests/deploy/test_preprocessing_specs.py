@@ -42,7 +42,8 @@ def test_a_functional_model_gives_each_raw_input():
 
 def test_a_function_or_an_unbuilt_layer_is_refused_naming_what_is_missing(tmp_path):
     with pytest.raises(ConfigError, match=r"`preprocessing` needs `sample`: a function \(a "
-                                          r"Python function\).*sample=<a few raw examples>"):
+                                          r"Python function\).*raw input 'features'.*"
+                                          r"sample=<a few raw examples>"):
         export(model_on(4), tmp_path / "m", preprocessing=lambda t: t / 255.0)
     with pytest.raises(ConfigError, match=r"the layer 'halve' \(Rescaling\) is not built "
                                           r"\(on one input\).*raw input 'features'.*sample="):
