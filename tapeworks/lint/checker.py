@@ -15,6 +15,7 @@ import io
 import re
 import tokenize
 
+from tapeworks.docs_links import see_docs
 from tapeworks.lint.rules import PARSE_ERROR, RULES
 
 KERAS_LOOPS_IN_TAPE = ("predict", "predict_on_batch", "train_on_batch")
@@ -82,7 +83,8 @@ class Finding:
     message: str
 
     def as_text(self):
-        return f"{self.path}:{self.line}:{self.col + 1}: {self.code} {self.message}"
+        return (f"{self.path}:{self.line}:{self.col + 1}: {self.code} {self.message} "
+                f"({see_docs(self.code)})")
 
     def as_dict(self):
         return dataclasses.asdict(self) | {"col": self.col + 1}
