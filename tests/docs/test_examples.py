@@ -14,8 +14,11 @@ import tapeworks
 
 from tests.docs import examples
 
-SLOW_PAGES = {"README.md", "troubleshooting.md", "resume.md", "export.md", "diagnostics.md",
-              "tasks.md", "distribute.md", "precision.md", "coming-from-keras.md"}
+# Pages whose examples take more than a few seconds (export and serve verify
+# artefacts in fresh processes: about 40 s each on a 2-core machine).
+SLOW_PAGES = {"README.md", "troubleshooting.md", "resume.md", "export.md", "serve.md",
+              "diagnostics.md", "tasks.md", "distribute.md", "precision.md", "demo.md",
+              "auto.md", "coming-from-keras.md"}
 
 
 def page_params():
