@@ -50,3 +50,13 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "data-checks" / "index.html").exists()
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "Trainer" in api and "export" in api
+    # The README is not part of the site, so mkdocs does not check its links
+    # into the guide: each must name a page, and an anchor that page has.
+    links = re.findall(r"\]\(docs/([\w.-]+)\.md(?:#([\w-]+))?\)", (ROOT / "README.md").read_text())
+    assert len(links) > 10
+    for page, anchor in links:
+        html = tmp_path / "site" / ("" if page == "index" else page) / "index.html"
+        assert html.exists(), f"README.md links to docs/{page}.md, which is not in the site"
+        if anchor:
+            assert f'id="{anchor}"' in html.read_text(), (
+                f"README.md links to docs/{page}.md#{anchor}, which has no such anchor")
