@@ -1,4 +1,4 @@
-"""How `tapeworks serve` holds connections: timeouts for idle and stalled clients, a drain on SIGTERM.
+"""How `tapeworks serve` holds connections: timeouts for idle and stalled clients, drains.
 
 uvicorn times a keep-alive connection out only after a response; a client
 that connects and sends nothing, or stops halfway through its headers, held
@@ -76,7 +76,15 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets=None):
         # Connections queued in the kernel before the signal, and requests
-        # sent on them, are taken in before the listening sockets close:
-        # without this, they were reset.
-        await asyncio.sleep(SETTLE_SECONDS)
+        # sent on them, are taken in before the listening sockets close
+        # (without this, they were reset): at least SETTLE_SECONDS, and until
+        # no connection or request has started for three looks in a row.
+        loop = asyncio.get_running_loop()
+        started, quiet, seen = loop.time(), 0, None
+        limit = started + max(SETTLE_SECONDS, self.config.timeout_graceful_shutdown or 0) / 2
+        while loop.time() < limit and (quiet < 3 or loop.time() - started < SETTLE_SECONDS):
+            await asyncio.sleep(0.05)
+            now = (len(self.server_state.connections), self.server_state.total_requests)
+            quiet = quiet + 1 if now == seen else 0
+            seen = now
         await super().shutdown(sockets=sockets)

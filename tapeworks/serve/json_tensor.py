@@ -159,7 +159,9 @@ def _explain(value, spec, where):
         if spec.is_string:
             if not isinstance(scalar, (str, dict)):
                 return _type_error(value, spec, where, scalar)
-        elif type(scalar) not in allowed:
+        elif type(scalar) not in allowed or (spec.dtype.is_integer and not (
+                np.iinfo(spec.dtype.as_numpy_dtype).min <= scalar
+                <= np.iinfo(spec.dtype.as_numpy_dtype).max)):
             return _type_error(value, spec, where, scalar)
     check_dense(value, dense_shape(value))
     return RequestError(f"{where}: input '{spec.name}' could not be read as "

@@ -92,8 +92,9 @@ def stamp(path):
 
 
 class ModelManager:
-    def __init__(self, source, *, warm_batch_sizes=(1,), on_switch=None):
+    def __init__(self, source, *, warm_batch_sizes=(1,), on_switch=None, allow_ops=()):
         self.source = source
+        self.allow_ops = tuple(allow_ops)   # graph_ops.OUTSIDE_OPS the operator allows
         self.warm_batch_sizes = tuple(warm_batch_sizes)
         self.on_switch = on_switch       # called with (name, ModelState) after each switch
         self.after_load = None           # called after a sync that loaded a version
@@ -145,7 +146,7 @@ class ModelManager:
                             version)
             started = time.perf_counter()
             try:
-                servable = Servable(name, version, path)
+                servable = Servable(name, version, path, self.allow_ops)
                 warmed = servable.warm_up(self.warm_batch_sizes)
             except Exception as error:   # noqa: BLE001 - a bad version must not stop serving
                 message = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:500]}"

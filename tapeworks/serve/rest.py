@@ -119,7 +119,8 @@ def _columns(inputs, specs, check_shapes):
 
 
 def predict_response(outputs, format):
-    """The predict response as JSON text, in the request's format (TF Serving's MakeJsonFromTensors)."""
+    """The predict response as JSON text, in the request's format."""
+    # TF Serving's MakeJsonFromTensors.
     names = sorted(outputs)
     if format == COLUMNAR:
         if len(names) == 1:
@@ -251,7 +252,8 @@ def regressions(outputs):
 
 
 def classify_response(outputs):
-    """{"results": [[[label, score], ...] per example]} as JSON text, scores as TF Serving writes them."""
+    """{"results": [[[label, score], ...] per example]} as JSON text (scores as TF Serving
+    writes them)."""
     rows = classifications(outputs)
     scores = format_floats(np.array([0.0 if score is None else score for row in rows
                                      for _, score in row], np.float32), 9)

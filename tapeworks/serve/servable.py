@@ -71,11 +71,16 @@ def _check_recorded_hash(path):
 class Servable:
     """A SavedModel version, loaded and ready to call."""
 
-    def __init__(self, name, version, path):
+    def __init__(self, name, version, path, allow_ops=()):
         import tensorflow as tf
+
+        from tapeworks.deploy.graph_ops import check_ops
 
         self.name, self.version, self.path = name, version, path
         _check_recorded_hash(path)
+        # Before anything runs: a graph that acts on files, processes or the
+        # network is not loaded (graph_ops: the trust model).
+        check_ops(path, allow_ops)
         self.meta_graph = _meta_graph(path)
         self.loaded = tf.saved_model.load(path, tags=["serve"])
         self.functions = dict(self.loaded.signatures)

@@ -56,6 +56,10 @@ def add_arguments(parser):
                         help="how often the registry or config is read again")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads that run models (TensorFlow uses all cores per call)")
+    parser.add_argument("--allow-ops", default="",
+                        help="comma-separated ops that act on files, processes or the network "
+                             "(tapeworks.deploy.graph_ops) to allow in the models' graphs; by "
+                             "default a model with any of them is not loaded")
     parser.add_argument("--grace-seconds", type=float, default=10.0,
                         help="on SIGTERM: how long requests already received may take to be "
                              "answered before the server exits (default 10)")
@@ -149,7 +153,8 @@ def run(args):
     except ServingConfigError as error:
         raise SystemExit(f"tapeworks serve: {error}") from None
     warm = buckets(settings.max_batch_size) if settings.max_batch_size > 1 else [1]
-    manager = ModelManager(source, warm_batch_sizes=warm)
+    allow_ops = [op.strip() for op in args.allow_ops.split(",") if op.strip()]
+    manager = ModelManager(source, warm_batch_sizes=warm, allow_ops=allow_ops)
     manager.sync()
     if manager.plan_error:
         raise SystemExit(f"tapeworks serve: {manager.plan_error}")

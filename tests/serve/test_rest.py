@@ -33,7 +33,6 @@ def test_floats_are_written_as_tf_serving_writes_them():
     assert encode("tag_bytes", np.array([b"\x00a"], dtype=object)) == '[{"b64": "AGE="}]'
 
 
-
 def test_row_and_columnar_requests_become_the_same_tensors():
     specs = {"a": InputSpec("a", tf.float32, [None, 2], "a:0"),
              "tag": InputSpec("tag", tf.string, [None], "tag:0")}
