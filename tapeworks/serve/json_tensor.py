@@ -222,12 +222,18 @@ def stack_instances(values, spec, name):
     Fast when they are alike; otherwise each instance is checked as TF Serving
     checks it, and the first that differs is named.
     """
+    # In pieces of about PIECE_VALUES values: no one numpy call holds the GIL long.
+    first = len(list(_scalars(values[0]))) if values else 1
+    step = max(1, PIECE_VALUES // max(first, 1))
     try:
-        array = to_array(values, spec, "'instances'")
+        pieces = [to_array(values[i:i + step], spec, "'instances'")
+                  for i in range(0, len(values), step)]
+        if len({p.shape[1:] for p in pieces}) == 1 and all(
+                p.ndim >= 1 and p.shape[0] == len(values[i * step:(i + 1) * step])
+                for i, p in enumerate(pieces)):
+            return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
     except RequestError:
-        array = None
-    if array is not None and array.ndim >= 1 and array.shape[0] == len(values):
-        return array
+        pass
     first = None
     for index, value in enumerate(values):
         try:
