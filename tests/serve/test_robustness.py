@@ -214,8 +214,9 @@ def test_sigterm_answers_every_request_already_received_and_exits_0(base):
     rows = np.random.default_rng(1).random((20000, 3)).round(3)
     body = json.dumps({"instances": rows.tolist()}).encode()
     # The newest version (TF Serving's default policy): whichever the earlier tests left.
-    request = (f"POST /v1/models/scaled:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (f"POST /v1/models/scaled:predict HTTP/1.1\r\nHost: x\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+               ).encode() + body
     sockets = [_connect(running) for _ in range(16)]
     for sock in sockets:
         sock.sendall(request)
