@@ -128,7 +128,9 @@ def _loads(body, start, end, prefix=b"", suffix=b""):
     except json.JSONDecodeError as error:
         # rapidjson's words ("Invalid value." for what is not JSON at all), as
         # TF Serving reports them, with Python's own detail.
-        what = "Invalid value." if error.msg.startswith("Expecting value") else error.msg
+        what = ("Invalid value." if error.msg.startswith("Expecting value") else
+                "Missing a closing quotation mark in string."
+                if error.msg.startswith("Unterminated string") else error.msg)
         offset = start + max(error.pos - len(prefix), 0)
         raise RequestError(f"JSON Parse error: {what} at offset: {offset} "
                            f"({error.msg})") from None
@@ -194,6 +196,15 @@ def parse(body):
         body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise parse_error("Invalid encoding in string.", error.start) from None
+    if len(body) <= PIECE_BYTES and body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
+        # Small, and too few brackets to nest deeper than MAX_DEPTH: one call
+        # (most requests; the structure costs more than they do).
+        document = _loads(body, 0, len(body))
+        if not isinstance(document, dict):
+            raise RequestError(f"JSON Value: {snippet(json.dumps(document))} Is not object")
+        if _SURROGATE_ESCAPE.search(body):
+            _check_surrogates(document)
+        return document
     structure = _Structure(body)
     start, end = _strip(body, 0, len(body))
     if body[start] != ord("{"):

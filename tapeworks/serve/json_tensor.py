@@ -343,8 +343,38 @@ def _interleave(formats, shape):
     return "[" * rank + "".join(merged.tolist())
 
 
+SMALL_VALUES = 256   # up to this many values, Python formats them faster than numpy's setup
+_LITERALS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _small_numeric_text(array):
+    """A small numeric tensor (rank >= 1) as JSON text, value by value (same rules)."""
+    flat = array.reshape(-1)
+    if array.dtype == np.bool_:
+        texts = ["true" if v else "false" for v in flat.tolist()]
+    elif array.dtype.kind in "iu":
+        texts = [str(v) for v in flat.tolist()]
+    else:
+        kind = np.float64 if array.dtype == np.float64 else np.float32
+        digits = "%.17g" if kind is np.float64 else "%.9g"
+        texts = []
+        for value in flat.astype(kind).tolist():
+            text = "%g" % value
+            if text in _LITERALS:
+                texts.append(_LITERALS[text])
+                continue
+            if kind(float(text)) != kind(value):
+                text = digits % value
+            texts.append(text if "." in text or "e" in text else text + ".0")
+    for size in reversed(array.shape):
+        texts = ["[" + ",".join(texts[i:i + size]) + "]" for i in range(0, len(texts), size)]
+    return texts[0]
+
+
 def _numeric_text(array):
     """A numeric tensor (rank >= 1) as JSON text, built piece by piece of its leading axis."""
+    if array.size <= SMALL_VALUES:
+        return _small_numeric_text(array)
     rows = array.shape[0]
     per_row = max(int(np.prod(array.shape[1:])), 1)
     step = max(1, PIECE_VALUES // per_row)
