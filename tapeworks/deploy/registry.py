@@ -143,6 +143,15 @@ def _fsync_tree(folder):
 
 
 def _umask():
+    # Read, not set and restored, where Linux says it: os.umask would change
+    # it for every thread of the process for a moment.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -4,7 +4,9 @@ Only SavedModel graphs are loaded (`tf.saved_model.load`: no pickles, no
 Python code from the model folder), Keras exports and TF1-style graphs alike
 (signature input keys such as `x` over tensors named `x:0`). The signature
 definitions are read from `saved_model.pb` itself, so `metadata` answers
-exactly what TensorFlow Serving answers for the same folder.
+exactly what TensorFlow Serving answers for the same folder. A graph with
+ops that act on files, processes or the network is refused before it is
+loaded, unless the server allows them (`tapeworks.deploy.graph_ops`).
 """
 
 import os
