@@ -21,6 +21,29 @@ def check_something_trains(task):
              "the Trainer.", CorrectnessWarning)
     if isinstance(task, task_lib.SupervisedTask):
         guards.check_output_matches_loss(task.model)
+    for model in task.models:
+        check_softmax_over_one_unit(model)
+
+
+def check_softmax_over_one_unit(model):
+    """Warns about an output that is a softmax over one unit: it is 1.0 whatever the input.
+
+    A `Dense(1, activation="softmax")` head (a two-class model written with
+    one unit) predicts 1.0 for every sample; a loss computed from the logits
+    still falls, so nothing looks wrong until the predictions are read.
+    """
+    for tensor in getattr(model, "outputs", None) or []:
+        history = getattr(tensor, "_keras_history", None)
+        layer = history[0] if history is not None else None
+        activation = getattr(getattr(layer, "activation", None), "__name__", None)
+        softmax = activation == "softmax" or isinstance(layer, keras.layers.Softmax)
+        if softmax and tensor.shape[-1] == 1:
+            warn(f"tapeworks: `{layer.name}`, an output of `{model.name}`, is a softmax over 1 "
+                 "unit: it outputs 1.0 for every input, so its predictions never change "
+                 "(a loss computed from its logits can still fall). Fix: for two classes, "
+                 "`Dense(1, activation=\"sigmoid\")` with binary cross-entropy, or "
+                 "`Dense(2, activation=\"softmax\")` with sparse categorical cross-entropy.",
+                 CorrectnessWarning)
 
 
 class LearningRateWatch:

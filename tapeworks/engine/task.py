@@ -63,6 +63,11 @@ class Update:
         optimizer: a Keras optimizer (or its name).
         every: apply this update on every k-th step only (k discriminator
             updates per generator update: the generator's `every=k`).
+        shared: this update may train variables another update trains too
+            (two losses on a shared backbone, each with its own optimizer).
+            Without it, such an overlap is refused: it is usually a GAN's
+            generator update listing the stacked model, which then trains the
+            discriminator on the generator's loss too.
     """
 
     name: str
@@ -70,6 +75,7 @@ class Update:
     trains: list
     optimizer: object
     every: int = 1
+    shared: bool = False
 
     def variables(self):
         found, seen = [], set()
@@ -175,20 +181,20 @@ class Task:
 
     # Declaring ------------------------------------------------------------
 
-    def add_update(self, name, loss, trains, optimizer, every=1):
+    def add_update(self, name, loss, trains, optimizer, every=1, shared=False):
         if not isinstance(every, int) or every < 1:
             raise ConfigError(f"`every` must be an integer >= 1. Received: every={every!r}")
         trains = list(trains) if isinstance(trains, (list, tuple)) else [trains]
         optimizer = keras.optimizers.get(optimizer)
-        shared = next((u for u in self._updates if u.optimizer is optimizer), None)
-        if shared is not None:
+        same_optimizer = next((u for u in self._updates if u.optimizer is optimizer), None)
+        if same_optimizer is not None:
             raise ConfigError(
                 f"Update {name!r} was given the optimizer instance that update "
-                f"{shared.name!r} already uses. A Keras optimizer keeps state (moments, step "
+                f"{same_optimizer.name!r} already uses. A Keras optimizer keeps state (moments, step "
                 "count) for the variables it was built with, so two updates cannot share "
                 "one. Expected one optimizer per update. Fix: pass a new instance to each, "
                 "e.g. `keras.optimizers.Adam(2e-4)` twice, or the name (\"adam\").")
-        update = Update(name, loss, trains, optimizer, every)
+        update = Update(name, loss, trains, optimizer, every, bool(shared))
         self._updates.append(update)
         return update
 
@@ -303,8 +309,28 @@ class Task:
         return {k: tf.cast(v, tf.float32) for k, v in losses.items()}, outputs
 
     def check_helpers(self):
-        """Warns about a trainable model that no update trains (a forgotten freeze)."""
-        trained = {id(v) for u in self.updates for v in u.variables()}
+        """Warns about a trainable model that no update trains (a forgotten freeze).
+
+        And refuses two updates that train the same variables unless both say
+        `shared=True`.
+        """
+        owners = {}
+        for update in self.updates:
+            for variable in update.variables():
+                other = owners.setdefault(id(variable), update)
+                if other is not update and not (other.shared and update.shared):
+                    layer = variable.path.rsplit("/", 1)[0] if hasattr(variable, "path") \
+                        else variable.name
+                    raise ConfigError(
+                        f"Updates {other.name!r} and {update.name!r} both train `{layer}` "
+                        f"(variable {variable.path if hasattr(variable, 'path') else ''}): "
+                        f"{update.name!r}'s loss would also change what {other.name!r} "
+                        "trains (a GAN's generator update that lists the stacked model "
+                        "trains the discriminator too). Expected each variable in one "
+                        f"update. Fix: pass {update.name!r} only the model it should train "
+                        "(e.g. trains=generator, not the stacked model); if both updates "
+                        "are meant to train it, say so with `shared=True` on both.")
+        trained = set(owners)
         frozen = {id(m) for m in self.frozen_models}
         for model in self.models:
             if id(model) in frozen or not model.trainable_variables:
@@ -387,12 +413,17 @@ class SupervisedTask(Task):
         return self.network(x, training=False)
 
     def check_data(self, element_spec, name, needs_targets=True, arrays=None):
+        # A model compiled without a loss takes its loss from `add_loss` (endpoint
+        # layers): Keras' fit trains it on inputs alone, and so does this.
+        needs_targets = needs_targets and self.network.loss is not None
         if arrays is not None:
             if needs_targets and arrays[1] is None:
                 raise DataSpecError(
-                    f"`{name}` was given as arrays without targets. Expected `y` for a "
-                    f"supervised model. Fix: pass them, e.g. `fit(x, y, ...)` (or a "
-                    "dataset of (x, y) batches).")
+                    f"`{name}` was given as arrays without targets. Expected `y` for a model "
+                    f"compiled with a loss ({_loss_name(self.network.loss)}). Fix: pass "
+                    "them, e.g. `fit(x, y, ...)` (or a dataset of (x, y) batches); or, if "
+                    "the model's loss comes from `add_loss` (an endpoint layer), compile it "
+                    "without one: `model.compile(optimizer)`.")
             guards.check_array_inputs(arrays[0], self.network, name=name)
         guards.check_data_spec(element_spec, self.network, needs_targets=needs_targets,
                                name=name)
@@ -400,6 +431,10 @@ class SupervisedTask(Task):
             labels = "y" if arrays is not None else f"the labels in `{name}`"
             guards.check_targets(element_spec[1], self.network, self.network.loss,
                                  name=labels, values=arrays[1] if arrays else None)
+
+
+def _loss_name(loss):
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or repr(loss)
 
 
 def _compile(model, **given):

@@ -361,3 +361,35 @@ def test_compiling_again_after_creating_the_trainer_is_explained():
     with pytest.raises(tapeworks.ConfigError, match="compiled again"):
         trainer.fit(X, LABELS, verbose=0)
     tapeworks.Trainer(model, jit_compile=False).fit(X, LABELS, verbose=0)
+
+
+def test_an_endpoint_model_with_add_loss_trains_on_inputs_alone_as_in_keras():
+    # Keras' "endpoint layer" pattern: the loss comes from `add_loss`, the
+    # model is compiled without one and fitted on a dict of inputs, no `y`.
+    class Endpoint(keras.layers.Layer):
+        def call(self, targets, predictions):
+            self.add_loss(keras.ops.mean(keras.ops.square(targets - predictions)))
+            return predictions
+
+    def build():
+        keras.utils.set_random_seed(3)
+        x = keras.Input((4,), name="x")
+        t = keras.Input((1,), name="t")
+        out = Endpoint()(t, keras.layers.Dense(1)(x))
+        model = keras.Model({"x": x, "t": t}, out)
+        model.compile(keras.optimizers.SGD(0.1))
+        return model
+
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.normal(size=(32, 4)).astype("float32"),
+              "t": rng.normal(size=(32, 1)).astype("float32")}
+    reference = build()
+    expected = reference.fit(inputs, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    model = build()
+    history = tapeworks.Trainer(model, jit_compile=False, steps_per_call=2,
+                                plan_cache=False).fit(inputs, batch_size=8, epochs=2,
+                                                      shuffle=False, verbose=0)
+    assert sorted(history.history) == sorted(expected.history)
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-4)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

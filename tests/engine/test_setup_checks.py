@@ -100,3 +100,26 @@ def test_a_loss_that_overflows_from_exploding_outputs_names_the_learning_rate(tm
     with pytest.raises(NonFiniteError, match=r"they reach 4e\+19 and the loss term 'loss' "
                                              r"overflows float32.*learning rate too high"):
         trainer.fit(x, np.zeros((8, 1), "float32"), batch_size=8, verbose=0)
+
+
+def test_a_softmax_over_one_unit_is_named_and_a_two_unit_one_is_not():
+    import warnings
+
+    import keras
+    import numpy as np
+
+    import tapeworks
+    from tapeworks import CorrectnessWarning
+
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("float32")
+    one = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="softmax",
+                                                                  name="head")])
+    with pytest.warns(CorrectnessWarning, match="`head`.*softmax over 1 unit.*sigmoid"):
+        tapeworks.Trainer(one, "adam", "binary_crossentropy", jit_compile=False,
+                          plan_cache=False).fit(x, y, verbose=0)
+    two = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        tapeworks.Trainer(two, "adam", "sparse_categorical_crossentropy", jit_compile=False,
+                          plan_cache=False).fit(x, y.astype("int32"), verbose=0)

@@ -363,3 +363,34 @@ def test_a_task_gets_the_same_batch_from_arrays_and_from_a_dataset():
     assert "tuple" not in seen and seen
     for a, b in zip(from_array.model.get_weights(), from_dataset.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_two_updates_that_train_the_same_variables_are_refused_unless_shared():
+    def gan(shared):
+        class StackedGAN(tapeworks.Task):
+            def __init__(self):
+                super().__init__()
+                self.generator = mlp((2, 8, 3), 1, "g")
+                self.discriminator = mlp((3, 8, 1), 2, "d")
+                self.stacked = keras.Sequential([self.generator, self.discriminator])
+                self.add_update("discriminator", "d_loss", self.discriminator,
+                                keras.optimizers.SGD(0.1), shared=shared)
+                # The classic mistake: the generator's update lists the stacked model.
+                self.add_update("generator", "g_loss", self.stacked, keras.optimizers.SGD(0.1),
+                                shared=shared)
+
+            def compute_losses(self, batch, training):
+                real, noise = batch
+                fake = self.generator(noise, training=training)
+                d = tf.reduce_mean(self.discriminator(fake)) - tf.reduce_mean(
+                    self.discriminator(real))
+                return {"d_loss": d, "g_loss": -tf.reduce_mean(self.stacked(noise))}
+        return StackedGAN()
+
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(8, 3)).astype("float32"), rng.normal(size=(8, 2)).astype("float32"))
+    trainer = tapeworks.Trainer(gan(shared=False), jit_compile=False, plan_cache=False)
+    with pytest.raises(tapeworks.ConfigError, match="'discriminator' and 'generator' both train"):
+        trainer.fit(tf.data.Dataset.from_tensor_slices(data).batch(4), verbose=0)
+    tapeworks.Trainer(gan(shared=True), jit_compile=False, plan_cache=False).fit(
+        tf.data.Dataset.from_tensor_slices(data).batch(4), verbose=0)
