@@ -226,3 +226,32 @@ class CheckpointFolder:
 
 # What each stateful Keras callback keeps between epochs (read in their
 # sources, keras/src/callbacks/*.py): numbers, restored as they were.
+
+
+def structure_difference(saved, current):
+    """The first difference between a saved and the running structure, as words; None if none.
+
+    Each is `{"models": [[[shape], dtype, path], ...] per model], "optimizers": ...}`;
+    shapes and dtypes are compared (layer names carry a process-wide counter),
+    the running model's paths name the difference. None when either is unknown
+    (a checkpoint written before structures were recorded).
+    """
+    if not saved or not current:
+        return None
+    for part in ("models", "optimizers"):
+        theirs, ours = saved.get(part, []), current.get(part, [])
+        if len(theirs) != len(ours):
+            return (f"was saved with {len(theirs)} {part[:-1]}(s), this run has {len(ours)}")
+        for index, (old, new) in enumerate(zip(theirs, ours)):
+            for position, (was, now) in enumerate(zip(old, new)):
+                if list(was[:2]) != list(now[:2]):
+                    return (f"has {tuple(was[0])} {was[1]} as variable {position} of "
+                            f"{part[:-1]} {index}, where this run has {now[2]} "
+                            f"{tuple(now[0])} {now[1]}")
+            if len(old) != len(new):
+                extra = (f"{len(old) - len(new)} variable(s) more (the first: {old[len(new)][2]}"
+                         f" {tuple(old[len(new)][0])})" if len(old) > len(new) else
+                         f"{len(new) - len(old)} variable(s) fewer (this run's "
+                         f"{new[len(old)][2]} is not in it)")
+                return f"has {extra} in {part[:-1]} {index} than this run"
+    return None
