@@ -46,6 +46,45 @@ def check_softmax_over_one_unit(model):
                  CorrectnessWarning)
 
 
+def check_batch_statistics(task, train):
+    """Warns when BatchNormalization will train on a batch of one sample.
+
+    In training mode a BatchNormalization layer normalises each feature over
+    the batch: over one sample every value is its batch's mean, so the layer
+    outputs its offset (beta) whatever the input, and its moving statistics
+    learn from that. Known before the first step for arrays (every batch, or
+    the last of an epoch) and for datasets batched to a fixed size of 1.
+    """
+    layers = [layer for layer in task_lib.layers_of(task.models)
+              if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable]
+    if not layers or not train.batch_size:
+        return
+    names = ", ".join(f"`{layer.name}`" for layer in layers[:3])
+    samples = len(tf_nest_first(train.arrays)) if train.arrays is not None else None
+    if train.batch_size == 1:
+        where = "every batch holds one sample"
+    elif samples is not None and samples % train.batch_size == 1:
+        where = (f"the last batch of each epoch holds one sample ({samples} samples in "
+                 f"batches of {train.batch_size})")
+    else:
+        return
+    warn(f"tapeworks: {where}, and BatchNormalization {names} normalises over the batch: "
+         "over one sample it outputs its offset (beta) for every input, and its moving "
+         "statistics learn from that. Fix: a batch size of 2 or more (for the last batch, "
+         "one that does not leave a single sample, or drop it: `dataset.batch(n, "
+         "drop_remainder=True)`).", CorrectnessWarning)
+
+
+def tf_nest_first(arrays):
+    """The first array of (x, y, sample_weight) as passed (x may be a list or dict of them)."""
+    x = arrays[0]
+    if isinstance(x, dict):
+        return next(iter(x.values()))
+    if isinstance(x, (list, tuple)):
+        return x[0]
+    return x
+
+
 class LearningRateWatch:
     """At an epoch's end: a schedule that has decayed the learning rate to about nothing.
 

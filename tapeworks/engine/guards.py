@@ -281,6 +281,8 @@ def check_targets(y, model, loss, name="y", values=None):
             "`classes, y = np.unique(y, return_inverse=True)`, or "
             "`keras.layers.StringLookup` in the input pipeline.")
     kind = _loss_kind(loss)
+    if values is not None and _loss_fn_name(loss) in _PROBABILITY_TARGETS:
+        _check_probability_targets(values, name, loss)
     outputs = _declared_outputs(model)
     if kind is None or outputs is None or len(outputs) != 1 or y.shape.rank is None:
         return
@@ -319,6 +321,30 @@ def check_targets(y, model, loss, name="y", values=None):
             f"`{loss_name}`. Fix: change the labels or the model's last layer.")
 
 
+# Keras' losses whose targets are probabilities: a target outside [0, 1] gives a
+# cross-entropy with no minimum (the loss falls without bound).
+_PROBABILITY_TARGETS = {"binary_crossentropy", "binary_focal_crossentropy",
+                        "categorical_crossentropy", "categorical_focal_crossentropy"}
+
+
+def _check_probability_targets(values, name, loss):
+    if isinstance(values, (tf.RaggedTensor, dict, list, tuple)):
+        return
+    values = np.asarray(values)
+    if values.size == 0 or values.dtype.kind not in "fiub":
+        return
+    low, high = values.min(), values.max()
+    if low >= 0 and high <= 1:
+        return
+    loss_name = getattr(loss, "name", None) or getattr(loss, "__name__", None) or str(loss)
+    raise DataSpecError(
+        f"The labels `{name}` range from {low:g} to {high:g}, but `{loss_name}` expects "
+        "probabilities in [0, 1]: the cross-entropy of a target outside them has no minimum, "
+        "so the loss falls without bound (to -10,000 and below) while the model learns "
+        "nothing useful. Fix: scale the targets to [0, 1] (masks stored as 0/255: `y / 255`), "
+        "or use a loss for values, such as `mse`.")
+
+
 def _check_class_ids(values, classes, name, loss_name):
     if isinstance(values, tf.RaggedTensor):
         return
@@ -346,6 +372,19 @@ _DENSE_LOSSES = {
     "binary_focal_crossentropy", "categorical_crossentropy", "categorical_focal_crossentropy",
     "kl_divergence", "poisson", "hinge", "squared_hinge", "categorical_hinge",
 }
+
+
+def _loss_fn_name(loss):
+    """The name of a Keras built-in loss's function, or "" (a custom loss)."""
+    if isinstance(loss, str):
+        try:
+            loss = keras.losses.get(loss)
+        except ValueError:
+            return ""
+    fn = getattr(loss, "fn", loss)
+    if not str(getattr(fn, "__module__", "")).startswith("keras"):
+        return ""
+    return getattr(fn, "__name__", "")
 
 
 def _loss_kind(loss):

@@ -441,6 +441,7 @@ class Trainer(evaluation.EvaluateAndPredict):
                     plan_input=checkpoint_dir is None)
                 state.build(data.train.dataset.element_spec)
                 self._first_fit_checks()
+                fit_checks.check_batch_statistics(self.task, data.train)
                 calls = self._call_loop()
                 point, data = run.restore(data)
                 train = data.train

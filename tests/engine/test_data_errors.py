@@ -170,3 +170,19 @@ def _batches():
 ])
 def test_argument_mistakes_are_explained_before_training(call, match):
     raises_and_keeps_weights(classifier(), ConfigError, match, call)
+
+
+def test_targets_outside_a_cross_entropys_domain_are_refused_before_any_step():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype("float32")
+    masks = (rng.random((16, 1)) > 0.5).astype("float32") * 255   # 0/255 masks
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(DataSpecError, match=r"range from 0 to 255.*\[0, 1\].*y / 255"):
+        tapeworks.Trainer(model, "adam", "binary_crossentropy", plan_cache=False).fit(
+            x, masks, verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # In range, it trains.
+    tapeworks.Trainer(model, "adam", "binary_crossentropy", plan_cache=False,
+                      jit_compile=False).fit(x, masks / 255, verbose=0)

@@ -123,3 +123,26 @@ def test_a_softmax_over_one_unit_is_named_and_a_two_unit_one_is_not():
         warnings.simplefilter("error", CorrectnessWarning)
         tapeworks.Trainer(two, "adam", "sparse_categorical_crossentropy", jit_compile=False,
                           plan_cache=False).fit(x, y.astype("int32"), verbose=0)
+
+
+@pytest.mark.parametrize("samples, batch_size, warned", [
+    (8, 1, True), (9, 4, True), (8, 4, False), (10, 4, False)])
+def test_batchnorm_on_a_batch_of_one_is_named(samples, batch_size, warned):
+    import warnings
+
+    import keras
+    import numpy as np
+
+    import tapeworks
+    from tapeworks import CorrectnessWarning
+
+    x = np.random.default_rng(0).normal(size=(samples, 4)).astype("float32")
+    y = x[:, :1]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.Dense(1)])
+    trainer = tapeworks.Trainer(model, "adam", "mse", jit_compile=False, plan_cache=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(x, y, batch_size=batch_size, verbose=0)
+    named = [w for w in caught if "BatchNormalization `bn`" in str(w.message)]
+    assert bool(named) == warned
