@@ -85,6 +85,34 @@ def tf_nest_first(arrays):
     return x
 
 
+def check_schedule_horizons(task, optimizer_steps):
+    """Warns when a learning-rate warm-up cannot end within the optimizer steps this fit runs.
+
+    Keras' schedules count optimizer steps; a warm-up written in epochs or in
+    samples ends far beyond the run, so the learning rate never reaches its
+    peak. `optimizer_steps`: the updates this fit will apply (None: unknown).
+    """
+    if not optimizer_steps:
+        return
+    for update in task.updates:
+        optimizer = update.optimizer
+        schedule = getattr(optimizer, "_learning_rate", None)
+        warmup = getattr(schedule, "warmup_steps", None)
+        if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule) \
+                or not isinstance(warmup, (int, float)) or warmup <= 0:
+            continue
+        end = int(optimizer.iterations) + optimizer_steps
+        if end < warmup:
+            peak = getattr(schedule, "warmup_target", None)
+            warn(f"tapeworks: the learning rate of update {update.name!r} warms up over "
+                 f"{warmup:g} optimizer steps, but this fit ends at step {end} "
+                 f"({optimizer_steps} updates): it never reaches its peak"
+                 + (f" of {peak:g}" if isinstance(peak, (int, float)) else "")
+                 + ". Keras' schedules count optimizer steps (batches), not epochs or "
+                 f"samples. Fix: `warmup_steps` in steps, e.g. epochs x steps per epoch "
+                 "(with accumulation, divided by `accumulate`).", CorrectnessWarning)
+
+
 class LearningRateWatch:
     """At an epoch's end: a schedule that has decayed the learning rate to about nothing.
 

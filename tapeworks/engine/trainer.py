@@ -453,6 +453,8 @@ class Trainer(evaluation.EvaluateAndPredict):
                 steps_known = train.steps
                 if steps_known:
                     plan.planner.limit_steps(max(1, steps_known // 2))
+                    fit_checks.check_schedule_horizons(
+                        self.task, (epochs - initial_epoch) * steps_known // self.accumulate)
                 end_line = EpochEndLine()
                 calls.nonfinite.start_fit(callbacks)
                 if calls.monitor.keep_gradients_for(callbacks):

@@ -146,3 +146,33 @@ def test_batchnorm_on_a_batch_of_one_is_named(samples, batch_size, warned):
         trainer.fit(x, y, batch_size=batch_size, verbose=0)
     named = [w for w in caught if "BatchNormalization `bn`" in str(w.message)]
     assert bool(named) == warned
+
+
+def test_a_warmup_longer_than_the_run_is_named():
+    import warnings
+
+    import keras
+    import numpy as np
+
+    import tapeworks
+    from tapeworks import CorrectnessWarning
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = x[:, :1]
+
+    def fit(warmup_steps):
+        schedule = keras.optimizers.schedules.CosineDecay(
+            0.0, 1000, warmup_target=0.1, warmup_steps=warmup_steps)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        trainer = tapeworks.Trainer(model, keras.optimizers.SGD(schedule), "mse",
+                                    jit_compile=False, plan_cache=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(x, y, batch_size=8, epochs=3, verbose=0)   # 24 optimizer steps
+        return [str(w.message) for w in caught if "warms up" in str(w.message)]
+
+    # A warm-up meant as 5 epochs, written as 5 x 64 samples: never reaches its peak.
+    (message,) = fit(320)
+    assert "over 320 optimizer steps" in message and "ends at step 24" in message
+    assert "peak of 0.1" in message
+    assert fit(16) == []   # two epochs of warm-up in steps: fine
