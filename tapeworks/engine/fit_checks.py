@@ -109,7 +109,7 @@ def check_schedule_horizons(task, optimizer_steps):
                  f"({optimizer_steps} updates): it never reaches its peak"
                  + (f" of {peak:g}" if isinstance(peak, (int, float)) else "")
                  + ". Keras' schedules count optimizer steps (batches), not epochs or "
-                 f"samples. Fix: `warmup_steps` in steps, e.g. epochs x steps per epoch "
+                 "samples. Fix: `warmup_steps` in steps, e.g. epochs x steps per epoch "
                  "(with accumulation, divided by `accumulate`).", CorrectnessWarning)
 
 
