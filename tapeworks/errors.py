@@ -6,8 +6,34 @@ without swallowing TensorFlow's.
 """
 
 
+# The guide's page of errors (docs/troubleshooting.md): each of these classes has an
+# anchor of its name there, and its messages end with a pointer to it, as ruff's
+# and flake8's point to their rules. A subclass points to its nearest listed base.
+ERRORS_PAGE = "troubleshooting"
+DOCUMENTED_ERRORS = frozenset({
+    "ConfigError", "KerasLoopInStepError", "MissingGradientError", "DataSpecError",
+    "LossError", "NonFiniteError", "CheckpointError", "ExportError", "RegistryError",
+    "ServingConfigError"})
+
+
 class TapeworksError(Exception):
-    """Base class of every error tapeworks raises on purpose."""
+    """Base class of every error tapeworks raises on purpose.
+
+    `message` is the text as raised; `str(error)` adds where the guide explains
+    the error (`see docs: troubleshooting#DataSpecError`).
+    """
+
+    @property
+    def message(self):
+        return super().__str__()
+
+    def __str__(self):
+        text = self.message
+        anchor = next((c.__name__ for c in type(self).__mro__
+                       if c.__name__ in DOCUMENTED_ERRORS), None)
+        if not text or anchor is None:
+            return text
+        return f"{text} (see docs: {ERRORS_PAGE}#{anchor})"
 
 
 class ConfigError(TapeworksError, ValueError):

@@ -211,8 +211,8 @@ class DataStage:
             if unbatched is None:
                 raise
             raise DataSpecError(
-                f"{error} The dataset is not batched ({unbatched.code}): each element is one "
-                "example. Did you forget `.batch(batch_size)`?") from None
+                f"{error.message} The dataset is not batched ({unbatched.code}): each element "
+                "is one example. Did you forget `.batch(batch_size)`?") from None
 
     def _read_pipeline(self, user_dataset, dataset, training):
         """Reads a user's tf.data pipeline once: its findings, and whether it is in memory.
