@@ -355,7 +355,7 @@ class Registry:
                 check_ops(copy, allow_ops)
                 signatures = signatures_of(copy)
             except UnsafeGraphError as error:
-                raise RegistryError(f"{error} Nothing was published.") from None
+                raise RegistryError(f"{error.message} Nothing was published.") from None
             except Exception as error:   # noqa: BLE001 - any load failure refuses it
                 raise RegistryError(
                     f"{source_path or 'the exported model'} is not a SavedModel that loads "
