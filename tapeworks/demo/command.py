@@ -60,7 +60,8 @@ def main(args):
     """Runs the demo as the arguments say and prints what it found. Returns the exit status."""
     import dataclasses
 
-    from tapeworks.demo import machine, superres
+    from tapeworks import machine
+    from tapeworks.demo import superres
 
     config = superres.DemoConfig.quick() if args.quick else superres.DemoConfig()
     if not args.quick or args.epochs is not None or args.seconds is not None:

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from tapeworks.cli import build_parser
-from tapeworks.demo import command, machine
+from tapeworks import machine
+from tapeworks.demo import command
 
 
 def demo_args(*argv):

@@ -1,8 +1,9 @@
-"""What the demo says about the machine before it trains: cores, CPU flags, GPUs.
+"""What this machine is, in the terms that decide training speed: cores, CPU flags, GPUs.
 
 A first run's time depends mostly on the machine (the same demo trained in
 42 s on one 2-core machine and 271 s on another), so the demo says what it
-runs on, in the terms that decide speed: how many cores this process may use,
+runs on, and every benchmark report records it beside its figures, in the
+terms that decide speed: how many cores this process may use,
 the CPU's vector and matrix extensions, and whether a GPU is there.
 """
 
@@ -18,7 +19,7 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 @dataclasses.dataclass
 class Machine:
-    """The facts the demo prints.
+    """The facts the demo prints and benchmark reports record.
 
     Attributes:
         cpu: the CPU's model name ("" where it cannot be read).
