@@ -4,8 +4,8 @@
 trial run saves every variable training can change (`TrainingState.
 everything()`: weights, optimizer, counters, accumulators, loss trackers and
 metrics, the guard's count, the dead-gradient sums, the monitor's slots, the
-captures) on entry and puts each back on exit, then resets the metrics, so
-the trainer is left bit for bit as it was found.
+captures) on entry and puts each back on exit, so the trainer is left bit for
+bit as it was found.
 """
 
 import time
@@ -36,9 +36,10 @@ class TrialRun:
         return self
 
     def __exit__(self, *exc):
+        # The metrics' totals and counts are put back too, not reset: a trial
+        # run between two epochs leaves the running epoch's values as they were.
         if self._saved is not None:
             self.state.put_back(self._saved)
-        self.state.reset_metrics()
         return False
 
     def prepare(self, data, batch_size=None):
