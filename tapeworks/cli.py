@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import tapeworks
+from tapeworks.demo import command as demo_command
 
 
 def _quiet_tensorflow():
@@ -59,28 +60,7 @@ def _scenario_names():
 
 def _demo(args):
     _quiet_tensorflow()
-    from tapeworks.demo import superres
-
-    verbose = 0 if args.quiet else "auto"
-    result = superres.run(out_dir=args.out, quick=args.quick, verbose=verbose,
-                          perceptual=args.perceptual)
-    tuning = result["tuning"]
-    print(f"\nHeld-out image ({superres.HELD_OUT}), PSNR on luminance, x{superres.SCALE}:")
-    print(f"  bicubic  {result['psnr_bicubic']:6.2f} dB")
-    print(f"  network  {result['psnr_network']:6.2f} dB  ({result['gain_db']:+.2f} dB)")
-    if tuning["jit_compile"] is None:
-        chose = "tapeworks was still measuring its execution mode (the run was short)"
-    else:
-        chose = (f"tapeworks chose jit_compile={tuning['jit_compile']}, "
-                 f"steps_per_call={tuning['steps_per_call']} ({tuning['reason']})")
-    print(f"Trained in {result['train_seconds']:.1f} s ({result['total_seconds']:.1f} s in "
-          f"all); {chose}.")
-    print(f"Wrote {result['png']} and TensorBoard logs in {result['logs']}")
-    if args.json:
-        summary = {k: v for k, v in result.items()}
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2, default=str)
-    return 0
+    return demo_command.main(args)
 
 
 def _bench(args):
@@ -304,14 +284,7 @@ def build_parser():
         description="Train a small x2 super-resolution network on scikit-image's bundled "
                     "photographs (no downloads), report PSNR against bicubic on the held-out "
                     "astronaut, and write a side-by-side PNG and TensorBoard logs.")
-    demo.add_argument("--out", default="tapeworks-demo", help="output folder (default: %(default)s)")
-    demo.add_argument("--quick", action="store_true", help="a few seconds' run, for tests")
-    demo.add_argument("--quiet", action="store_true", help="no progress bar")
-    demo.add_argument("--json", help="also write the results to this JSON file")
-    demo.add_argument("--perceptual", type=float, nargs="?", const=0.01, default=None,
-                      metavar="WEIGHT",
-                      help="add a frozen critic's perceptual loss with this weight "
-                           "(default weight when given alone: %(const)s)")
+    demo_command.add_arguments(demo)
     demo.set_defaults(run=_demo)
 
     bench = verbs.add_parser(

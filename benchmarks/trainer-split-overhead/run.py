@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 CHILD = r"""
 import json, sys, time
@@ -49,8 +50,11 @@ print("RESULT " + json.dumps(out))
 def run(path):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(path), TAPEWORKS_PLAN_CACHE="0",
                TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
-                          text=True, check=True)
+    # In an empty folder: `python -c` puts the working folder first on sys.path,
+    # ahead of PYTHONPATH, and a checkout there would win over `path`.
+    with tempfile.TemporaryDirectory() as empty:
+        done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                              text=True, check=True, cwd=empty)
     line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
@@ -69,6 +73,9 @@ def main():
         if index % 2:
             pair.reverse()   # which version runs first alternates too
         rows.append(dict(pair))
+        assert {v["tapeworks"] for v in rows[-1].values()} == {
+            os.path.join(os.path.abspath(p), "tapeworks", "__init__.py")
+            for p in (args.old, args.new)}, rows[-1]   # each version ran its own code
         print(f"round {index + 1}: " + ", ".join(
             f"{k} {v['steps_1']:.0f} / {v['steps_8']:.0f} samples/s" for k, v in rows[-1].items()),
             flush=True)

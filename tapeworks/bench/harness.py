@@ -59,11 +59,18 @@ def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", comma
 
 
 def machine_description():
+    """The machine a run measured: figures from different CPUs are never compared blind."""
+    from tapeworks import machine
+
+    found = machine.gather()
     return {
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": found.cpu,
+        "cores_usable": found.cores,
+        "cpu_flags": list(found.flags),
         "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
     }
 
@@ -84,7 +91,13 @@ def to_markdown(result):
     if result.get("command"):
         lines += [f"Command: `{result['command']}`", ""]
     machine = result["machine"]
-    lines += [f"Run {result['when']} on {machine['cpu_count']} CPU(s) ({machine['processor']}), "
+    cpu = machine["processor"]
+    if machine.get("cpu"):
+        cpu += f"; {machine['cpu']}"
+    if "cpu_flags" in machine:   # reports written before the flags were recorded lack them
+        cpu += "; CPU flags: " + (" ".join(machine["cpu_flags"]) or "none of avx2/avx512f/"
+                                  "avx512_bf16/amx")
+    lines += [f"Run {result['when']} on {machine['cpu_count']} CPU(s) ({cpu}), "
               f"GPUs: {machine['gpus'] or 'none'}, TensorFlow {machine['tensorflow']}. "
               + result.get("method", f"Median of {result['repeats_per_approach']} alternating "
                                      "timed repeats per approach after a warm-up; ratios are "

@@ -15,6 +15,7 @@ and training runs and restored after, so measuring trains nothing.
 import dataclasses
 
 from tapeworks.data.pipeline_check import check
+from tapeworks.docs_links import see_docs
 
 
 @dataclasses.dataclass
@@ -38,7 +39,7 @@ class InputReport:
             return [f"compute-bound: the pipeline makes {self.pipeline_batches_per_s:,.1f} "
                     f"batches/s and the step uses {self.compute_batches_per_s:,.1f}; "
                     "speed up the step (precision=\"auto\", XLA) rather than the input"]
-        advice = [f"{f.code}: {f.fix}" for f in self.findings]
+        advice = [f"{f.code}: {f.fix} ({see_docs(f.code)})" for f in self.findings]
         advice += ["move deterministic decoding before a `.cache()` so it runs once",
                    "use `num_parallel_calls=tf.data.AUTOTUNE` on every map (tapeworks.data."
                    "pipeline does) and prefer TensorFlow ops to py_function",

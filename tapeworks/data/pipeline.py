@@ -208,7 +208,7 @@ def _augment(dataset, augment, seed, parallel, numbered):
         return positioned.map(call, **parallel)
     # Not shuffled: a seeded stream zipped alongside, drawn anew each pass.
     # (tf.data does not restore its per-pass state exactly after a resume:
-    # see the README's "Resume".)
+    # see docs/resume.md, "The guarantee".)
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
     return tf.data.Dataset.zip((dataset, seeds)).map(call, **parallel)
 

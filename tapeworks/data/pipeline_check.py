@@ -10,6 +10,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from tapeworks.docs_links import see_docs
+
 SHUFFLES = {"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
             "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"}
 BATCHES = {"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchDatasetV2",
@@ -41,7 +43,8 @@ class Finding:
         return CATEGORIES[self.code]
 
     def __str__(self):
-        return f"{self.code} {self.message} (at {self.step}). Fix: {self.fix}"
+        return (f"{self.code} {self.message} (at {self.step}). Fix: {self.fix} "
+                f"({see_docs(self.code)})")
 
 
 def dataset_graph(dataset):

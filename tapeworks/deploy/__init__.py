@@ -8,8 +8,9 @@ format needs (a LiteRT model needs neither TensorFlow nor Keras).
 
 import importlib
 
-_EXPORTS = {"FORMATS": "tapeworks.deploy.artefact", "ExportError": "tapeworks.deploy.artefact",
-            "ExportReport": "tapeworks.deploy.artefact", "export": "tapeworks.deploy.artefact",
+_EXPORTS = {"FORMATS": "tapeworks.deploy.artefact", "ExportError": "tapeworks.deploy.report",
+            "ExportReport": "tapeworks.deploy.report", "export": "tapeworks.deploy.artefact",
+            "LayerError": "tapeworks.deploy.quantisation",
             "Registry": "tapeworks.deploy.registry", "RegistryError": "tapeworks.deploy.registry",
             "VersionInfo": "tapeworks.deploy.registry"}
 

@@ -18,6 +18,21 @@ process killed at any moment leaves either no new version or a whole one
 (an abandoned `incoming-*` folder is removed by `gc`). Concurrent
 publishers take distinct numbers under the lock; the slow part (copy, hash,
 load) runs outside it.
+
+A version number is never used twice: the next one is past every folder
+present and every number `model.json` ever recorded (its `highest` and its
+history), so a version removed by hand is not reborn with other weights
+under its number (a server would keep serving what it loaded as "4").
+
+What is copied: the source's files, never what its symbolic links point to
+outside it (a link out of the folder is refused, naming it; links inside it
+are copied as the files they point to). Files are written with the modes
+the umask gives, so a TF Serving running as another user reads them.
+
+What is loaded: see `graph_ops` for the trust model. A SavedModel whose
+graph has ops that act on files, processes or the network is refused before
+it is loaded (so an init op never runs at publish), unless `allow_ops`
+names them.
 """
 
 import contextlib
@@ -33,6 +48,7 @@ import time
 
 import numpy as np
 
+from tapeworks.deploy.graph_ops import UnsafeGraphError, check_ops
 from tapeworks.errors import TapeworksError
 from tapeworks.fileio import fsync_folder
 
@@ -102,7 +118,8 @@ def recorded(version_folder):
 def content_hash(folder, skip=(VERSION_FILE,)):
     """sha256 over the relative paths and bytes of every file under `folder` (sorted)."""
     digest = hashlib.sha256()
-    for base, dirs, files in os.walk(folder):
+    # Links are followed: a source's links inside it (check_links) are copied as files.
+    for base, dirs, files in os.walk(folder, followlinks=True):
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(base, name)
@@ -125,11 +142,31 @@ def _fsync_tree(folder):
         fsync_folder(base)
 
 
+def _umask():
+    # Read, not set and restored, where Linux says it: os.umask would change
+    # it for every thread of the process for a moment.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(path, text):
-    """Writes `text` to a temporary file beside `path`, fsyncs, renames over `path`."""
+    """Writes `text` to a temporary file beside `path`, fsyncs, renames over `path`.
+
+    The file gets the mode a plain `open` would give (0666 less the umask),
+    not mkstemp's 0600: TF Serving may run as another user.
+    """
     folder = os.path.dirname(path) or "."
     fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -140,6 +177,32 @@ def write_atomically(path, text):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def check_links(folder):
+    """Refuses symbolic links under `folder` that lead outside it (or into a loop), naming them."""
+    root = os.path.realpath(folder)
+    outside = []
+    for base, dirs, files in os.walk(folder):
+        for entry in dirs + files:
+            path = os.path.join(base, entry)
+            if not os.path.islink(path):
+                continue
+            target = os.path.realpath(path)
+            inside = os.path.commonpath([root, target]) == root
+            loops = os.path.isdir(target) and os.path.commonpath(
+                [target, os.path.realpath(base)]) == target
+            if not inside or loops or not os.path.exists(target):
+                outside.append(f"{os.path.relpath(path, folder)} -> {os.readlink(path)}"
+                               + (" (a loop)" if inside and loops else
+                                  "" if inside and os.path.exists(target) else
+                                  " (missing)" if inside else " (outside the folder)"))
+    if outside:
+        raise RegistryError(
+            f"{folder} has symbolic links that lead outside it or nowhere: "
+            f"{'; '.join(outside[:10])}. Nothing was published: a link's target would be "
+            "copied into the registry. Expected a SavedModel folder whose files are its own. "
+            "Fix: copy those files into the folder (or remove the links).")
 
 
 def signatures_of(folder):
@@ -258,7 +321,7 @@ class Registry:
     # Writing ---------------------------------------------------------------
 
     def publish(self, name, source, *, label=None, metrics=None, checkpoint=None,
-                promote=False, sample=None):
+                promote=False, sample=None, allow_ops=()):
         """Copies a SavedModel in as the next integer version; returns its `VersionInfo`.
 
         `source`: a SavedModel folder (e.g. what `tapeworks.deploy.export`
@@ -266,7 +329,9 @@ class Registry:
         exported and verified first. The copy is
         hashed against the source and loaded before it becomes visible; a
         copy that differs or does not load is never published. With
-        `promote=True` it also becomes `current`.
+        `promote=True` it also becomes `current`. A graph with ops that act on
+        files, processes or the network (`graph_ops.OUTSIDE_OPS`) is refused
+        before it is loaded unless `allow_ops` names them.
         """
         check_name(name)
         if metrics is not None and not isinstance(metrics, dict):
@@ -286,7 +351,11 @@ class Registry:
                     f"against {expected[:12]}): the source changed while it was copied. "
                     "Nothing was published. Fix: publish again once it is written.")
             try:
+                # Before loading it: a load runs the graph's init op.
+                check_ops(copy, allow_ops)
                 signatures = signatures_of(copy)
+            except UnsafeGraphError as error:
+                raise RegistryError(f"{error.message} Nothing was published.") from None
             except Exception as error:   # noqa: BLE001 - any load failure refuses it
                 raise RegistryError(
                     f"{source_path or 'the exported model'} is not a SavedModel that loads "
@@ -300,15 +369,15 @@ class Registry:
                 signatures=signatures, sha256=digest,
                 source=source_path and os.path.abspath(source_path))
             with self._locked():
-                existing = version_folders(self._model_dir(name))
-                info.version = max(existing, default=0) + 1
+                state = self._state(name)
+                info.version = self._next_version(name, state)
                 info.path = os.path.join(self._model_dir(name), str(info.version))
                 with open(os.path.join(copy, VERSION_FILE), "w") as f:
                     json.dump(dict(info.to_json(), version=info.version), f, indent=2)
                 _fsync_tree(copy)
                 os.rename(copy, info.path)
                 fsync_folder(self._model_dir(name))
-                state = self._state(name)
+                state["highest"] = info.version
                 state["history"].append(self._event("publish", None, info.version, label))
                 if promote:
                     self._move(name, state, info.version, "promote")
@@ -317,6 +386,15 @@ class Registry:
             return info
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
+
+    def _next_version(self, name, state):
+        """One past every number used: folders present, and all model.json ever recorded."""
+        used = set(version_folders(self._model_dir(name)))
+        used.add(state.get("highest") or 0)
+        for event in state["history"]:
+            used.update(v for v in (event.get("from"), event.get("to")) if isinstance(v, int))
+            used.update(v for v in event.get("removed", ()) if isinstance(v, int))
+        return max(used, default=0) + 1
 
     def _source_into(self, source, copy, scratch, sample):
         """Puts the SavedModel to publish at `copy`; returns its source folder (None: exported)."""
@@ -353,6 +431,7 @@ class Registry:
                 f"{source} is not a SavedModel folder (no saved_model.pb in it). Expected what "
                 "tapeworks.deploy.export(model, path) or tf.saved_model.save writes, or a "
                 ".keras file. Fix: export the model first, or pass the keras.Model itself.")
+        check_links(source)
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(VERSION_FILE))
         return source
 

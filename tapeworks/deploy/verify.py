@@ -117,6 +117,15 @@ def check(format, artefact, given):
     (their outputs come back as "validation/<output>").
     """
     run, load_seconds = load(format, artefact)
+    outputs = outputs_of(format, run, given)
+    inputs = {name: array for name, array in given.items() if "/" not in name}
+    single = {name: array[:1] for name, array in inputs.items()}
+    return {"outputs": outputs, "load_seconds": load_seconds,
+            "single_seconds": latency(run, single), "batch_seconds": latency(run, inputs)}
+
+
+def outputs_of(format, run, given):
+    """The artefact's outputs on `given` (see `check`), by name."""
     inputs = {name: array for name, array in given.items() if "/" not in name}
     # A SavedModel's extra signatures too, as "signature/<name>/<output>".
     outputs = run(inputs, every_signature=True) if format == "saved_model" else run(inputs)
@@ -124,9 +133,7 @@ def check(format, artefact, given):
                 if name.startswith("validation/")}
     if held_out:
         outputs.update({f"validation/{name}": value for name, value in run(held_out).items()})
-    single = {name: array[:1] for name, array in inputs.items()}
-    return {"outputs": outputs, "load_seconds": load_seconds,
-            "single_seconds": latency(run, single), "batch_seconds": latency(run, inputs)}
+    return outputs
 
 
 if __name__ == "__main__":

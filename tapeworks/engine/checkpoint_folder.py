@@ -137,8 +137,10 @@ class CheckpointFolder:
         os.makedirs(partial)
         try:
             write_files(partial)
-        except BaseException:
-            # A full disk, a kill-free error: its files go now, not at the next start.
+        except Exception:
+            # An error (a full disk): its files go now, not at the next start. An
+            # interruption (KeyboardInterrupt, like a kill) leaves the partial folder
+            # for the next start to remove.
             shutil.rmtree(partial, ignore_errors=True)
             raise
         return partial, final

@@ -5,6 +5,8 @@ import io
 import re
 import tokenize
 
+from tapeworks.docs_links import see_docs
+
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Finding:
@@ -15,7 +17,8 @@ class Finding:
     message: str
 
     def as_text(self):
-        return f"{self.path}:{self.line}:{self.col + 1}: {self.code} {self.message}"
+        return (f"{self.path}:{self.line}:{self.col + 1}: {self.code} {self.message} "
+                f"({see_docs(self.code)})")
 
     def as_dict(self):
         return dataclasses.asdict(self) | {"col": self.col + 1}

@@ -3,6 +3,7 @@
 flake8 applies `# noqa` and its own select/ignore; the plugin reports every finding.
 """
 
+from tapeworks.docs_links import see_docs
 from tapeworks.lint.checker import check_tree
 
 
@@ -16,4 +17,5 @@ class TapeworksLint:
 
     def run(self):
         for finding in check_tree(self.tree, self.filename):
-            yield finding.line, finding.col, f"{finding.code} {finding.message}", type(self)
+            yield (finding.line, finding.col,
+                   f"{finding.code} {finding.message} ({see_docs(finding.code)})", type(self))

@@ -8,6 +8,8 @@ import dataclasses
 import re
 import textwrap
 
+from tapeworks.docs_links import docs_anchor
+
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
@@ -38,7 +40,9 @@ class Rule:
             textwrap.indent(textwrap.dedent(self.good).strip("\n"), "    "),
             "",
             f"Fix: {self.fix}",
+            "",
             f"Suppress one line with `# noqa: {self.code}`.",
+            f"Documented in the user guide: {docs_anchor(self.code)}.",
         ])
 
 

@@ -7,15 +7,25 @@ expressions, case-insensitive):
     GET  /v1/models/NAME[/versions/N | /labels/L]/metadata   signatures
     POST /v1/models/NAME[/versions/N | /labels/L]:(predict|classify|regress)
 
-plus `GET /healthz` (200 once every model has a version available) and
+plus `GET /healthz` (see `ServingApp.health`) and
 Prometheus metrics at `/metrics` and TF Serving's `/monitoring/prometheus/
 metrics`. Errors are `{"error": "..."}` with TF Serving's status codes
-(400 bad request, 404 unknown model or version, 413 body too large, 503
-queue full, with Retry-After). Every answer from a model carries
-`X-Model-Version`: the version that computed it.
+(400 bad request, 404 unknown model or version, 408 body not received in
+time, 413 body too large, 503 queue full, with Retry-After). Every answer
+from a model carries `X-Model-Version`: the version that computed it. A
+client that hangs up before its body arrived is counted as `code="499"`
+(as nginx and Envoy count a client abort) and logged in one line.
+
+A large body's JSON parsing and conversion to arrays, and a large
+response's encoding, run in worker threads (starlette's thread pool), in
+pieces short enough that the event loop gets the GIL back between them, so
+`/healthz` and small requests are answered while a large request is being
+read or written. Small ones (INLINE_BODY_BYTES, INLINE_OUTPUT_VALUES) are
+done on the event loop, where they cost less than the trip to a thread.
 """
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -23,8 +33,9 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from tapeworks.serve import rest
@@ -39,14 +50,23 @@ STATUS = re.compile(
     r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
 
 
+CLIENT_CLOSED = 499   # nginx's code for a client that closed the connection first
+# Bodies and outputs up to these sizes are read and written on the event loop:
+# well under a millisecond of work, less than the trip to a worker thread and
+# back (three trips per request cost the batched MLP a third of its throughput).
+INLINE_BODY_BYTES = 64 << 10
+INLINE_OUTPUT_VALUES = 16 << 10
+
+
 class Settings:
     def __init__(self, max_batch_size=32, batch_timeout_ms=0.0, max_queue=256,
-                 max_body_bytes=16 << 20, threads=2):
+                 max_body_bytes=16 << 20, threads=2, body_timeout=30.0):
         self.max_batch_size = max_batch_size      # 0: no batching
         self.batch_timeout = batch_timeout_ms / 1000
         self.max_queue = max_queue
         self.max_body_bytes = max_body_bytes
         self.threads = threads
+        self.body_timeout = body_timeout          # seconds to receive a whole body
 
 
 class Metrics:
@@ -79,8 +99,21 @@ class Metrics:
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
 
 
+def json_response(content, status=200, headers=None):
+    """A JSON answer; `content` is text already encoded as JSON, or a value to encode.
+
+    NaN and +-Infinity are written as TF Serving writes them (`NaN`,
+    `Infinity`, `-Infinity`), never refused; text that is not valid Unicode
+    is replaced, never an error.
+    """
+    if not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False, allow_nan=True)
+    return Response(content.encode("utf-8", errors="replace"), status_code=status,
+                    headers=headers, media_type="application/json")
+
+
 def _error(message, status, headers=None):
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return json_response({"error": message}, status, headers)
 
 
 class ServingApp:
@@ -114,19 +147,38 @@ class ServingApp:
     # Endpoints ---------------------------------------------------------------
 
     async def health(self, request):
+        """200 when every model serves its wanted version; 503 when one serves none.
+
+        Degraded (a wanted version failed to load while an older one still
+        serves: the registry's promoted version, or the newest under a base
+        path) answers 200 with `"status": "degraded"` and the failing
+        versions under `degraded`: the server still answers every request,
+        so a load balancer keeps it; `/healthz?strict=1` answers 503 instead,
+        for a check that must alert on it.
+        """
         states = self.manager.states
         waiting = sorted(n for n, s in states.items() if not s.versions)
-        body = {"models": {n: {"default_version": s.default,
+        body = {"status": "ok",
+                "models": {n: {"default_version": s.default,
                                "versions": sorted(s.versions),
                                "failures": {str(v): m for v, m in s.failures.items()}}
                            for n, s in sorted(states.items())}}
+        degraded = {n: {"wanted_version": s.wanted, "serving_version": s.default,
+                        "error": s.failures[s.wanted]}
+                    for n, s in sorted(states.items()) if s.degraded}
         if self.manager.plan_error:
             body["plan_error"] = self.manager.plan_error
         if waiting or not states:
+            body["status"] = "unavailable"
             body["error"] = ("no model has a version available yet" if not states else
                              f"no version available for: {', '.join(waiting)}")
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(body)
+            return json_response(body, 503)
+        if degraded:
+            body["status"] = "degraded"
+            body["degraded"] = degraded
+            strict = request.query_params.get("strict", "").lower() in ("1", "true", "yes")
+            return json_response(body, 503 if strict else 200)
+        return json_response(body)
 
     async def prometheus(self, request):
         for key, batcher in list(self._batchers.items()):
@@ -148,12 +200,12 @@ class ServingApp:
         if request.method == "GET" and verb:
             method = "metadata"
         try:
+            # Decoded, then only ever a key of the manager's dict (never a path):
+            # an unknown name, encoded or not, is TF Serving's 404.
             name = urllib.parse.unquote(name) if name else name
             label = urllib.parse.unquote(label) if label else label
             if not name:
                 raise RequestError("Missing model name in request.")
-            if "/" in name or name in (".", ".."):
-                raise RequestError(f"Invalid model name: {name!r}")
             version = int(version) if version is not None else None
             if version is not None and version >= 1 << 63:
                 raise RequestError(f"Failed to convert version: {version} to numeric.")
@@ -161,14 +213,16 @@ class ServingApp:
                 if method == "metadata":
                     servable = self.manager.get(name).resolve(version, label)
                     return self._answer(name, method, started,
-                                        JSONResponse(servable.metadata()), servable.version)
+                                        json_response(servable.metadata()), servable.version)
                 return self._answer(name, method, started,
-                                    JSONResponse(self.manager.status(name, version, label)))
+                                    json_response(self.manager.status(name, version, label)))
             body = await self._body(request)
-            state = self.manager.get(name)
-            servable = state.resolve(version, label)
-            result = await self._call(servable, method, body)
-            return self._answer(name, method, started, JSONResponse(result), servable.version)
+            text, servable = await self._call(name, version, label, method, body)
+            return self._answer(name, method, started, json_response(text), servable.version)
+        except ClientDisconnect:
+            logger.warning("%s %s: the client closed the connection before its body was "
+                           "received (counted as %d)", request.method, path, CLIENT_CLOSED)
+            return self._answer(name, method, started, Response(status_code=CLIENT_CLOSED))
         except RequestError as error:
             return self._answer(name, method, started, _error(str(error), error.status))
         except QueueFull:
@@ -199,31 +253,63 @@ class ServingApp:
                                f"{limit:,} bytes. Fix: send fewer instances per request, or "
                                "raise --max-body-mb.", 413)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        stream = request.stream()
+        deadline = asyncio.get_running_loop().time() + self.settings.body_timeout
+        while True:
+            try:
+                # A client that stalls mid-body must not hold a connection forever.
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(stream, None)
+            except TimeoutError:
+                raise RequestError(f"The request body was not received within "
+                                   f"{self.settings.body_timeout:g} s ({size:,} bytes "
+                                   "arrived). Fix: send the whole body at once, or raise "
+                                   "--body-timeout-seconds.", 408) from None
+            if chunk is None:
+                return b"".join(chunks)
             size += len(chunk)
             if size > limit:
                 raise RequestError(f"Request body is over the limit of {limit:,} bytes. Fix: "
                                    "send fewer instances per request, or raise --max-body-mb.",
                                    413)
             chunks.append(chunk)
-        return b"".join(chunks)
 
     # Calling a model ----------------------------------------------------------
 
-    async def _call(self, servable, method, body):
-        document, signature_name = rest.parse_body(body)
+    async def _call(self, name, version, label, method, body):
+        """(response JSON text, the servable that answered), in TF Serving's order of checks.
+
+        The body is parsed before the model is looked up (a malformed body gets
+        the body's error, as TF Serving's handler answers); classify and
+        regress read their examples before the signature's method is checked.
+        """
+        large = len(body) > INLINE_BODY_BYTES
+
+        async def reading(function, *args):
+            return await run_in_threadpool(function, *args) if large else function(*args)
+
+        async def writing(function, outputs, *args):
+            values = sum(getattr(v, "size", 1) for v in outputs.values())
+            if values > INLINE_OUTPUT_VALUES:
+                return await run_in_threadpool(function, outputs, *args)
+            return function(outputs, *args)
+
+        document, signature_name = await reading(rest.parse_body, body)
         if method == "predict":
+            servable = self.manager.get(name).resolve(version, label)
             servable.signature(signature_name)
             key = signature_name or "serving_default"
-            inputs, format = rest.predict_inputs(document, servable.specs[key],
-                                                 servable.checks_shapes)
+            inputs, format = await reading(rest.predict_inputs, document, servable.specs[key],
+                                           servable.checks_shapes)
             outputs = await self.run_model(servable, key, inputs)
-            return rest.predict_response(outputs, format)
+            return await writing(rest.predict_response, outputs, format), servable
         wanted = CLASSIFY if method == "classify" else REGRESS
+        examples = await reading(rest.examples, document, wanted)
+        servable = self.manager.get(name).resolve(version, label)
         key = servable.example_signature(signature_name, wanted)
-        outputs = await self.run_model(servable, key, {"inputs": rest.examples(document, wanted)})
-        return rest.classify_response(outputs) if method == "classify" else \
-            rest.regress_response(outputs)
+        outputs = await self.run_model(servable, key, {"inputs": examples})
+        encode = rest.classify_response if method == "classify" else rest.regress_response
+        return await writing(encode, outputs), servable
 
     async def run_model(self, servable, key, inputs):
         """Runs signature `key` of `servable` on checked inputs: batched where it can be."""

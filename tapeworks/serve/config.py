@@ -35,8 +35,12 @@ class ModelPlan:
     current: int = None       # the version a request without version or label gets
 
 
-def _messages():
-    """TF Serving's ModelServerConfig (model_config_list subset) as protobuf message classes."""
+def builtin_model_server_config():
+    """TF Serving's ModelServerConfig (model_config_list subset) as protobuf message classes.
+
+    Built here for machines without tensorflow-serving-api; `parse_model_config`
+    uses TF Serving's own message when that package is installed.
+    """
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
@@ -89,12 +93,18 @@ def _messages():
 _SERVER_CONFIG = None
 
 
-def parse_model_config(text, where="the model config file"):
-    """[(name, base_path, policy, labels)] from TF Serving's text-format ModelServerConfig."""
+def parse_model_config(text, where="the model config file", message_class=None):
+    """[(name, base_path, policy, labels)] from TF Serving's text-format ModelServerConfig.
+
+    `message_class`: the ModelServerConfig message to parse into (default: TF
+    Serving's own when installed, else `builtin_model_server_config()`).
+    """
     global _SERVER_CONFIG
     from google.protobuf import text_format
 
-    if _SERVER_CONFIG is None:
+    if message_class is not None:
+        config = message_class()
+    elif _SERVER_CONFIG is None:
         try:
             # TF Serving's own message, every field of it (logging_config, ...),
             # when the optional tensorflow-serving-api is installed.
@@ -102,8 +112,9 @@ def parse_model_config(text, where="the model config file"):
 
             _SERVER_CONFIG = ModelServerConfig
         except ImportError:
-            _SERVER_CONFIG = _messages()
-    config = _SERVER_CONFIG()
+            _SERVER_CONFIG = builtin_model_server_config()
+    if message_class is None:
+        config = _SERVER_CONFIG()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as error:

@@ -15,8 +15,8 @@ import numpy as np
 
 from tapeworks.serve import rest
 from tapeworks.serve.batching import QueueFull
-from tapeworks.serve.servable import (CLASSIFY, DEFAULT_SIGNATURE, REGRESS, RequestError,
-                                      check_shape)
+from tapeworks.serve.json_tensor import check_shape
+from tapeworks.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, RequestError
 
 _CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
           413: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL,

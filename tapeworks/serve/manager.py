@@ -11,7 +11,13 @@ and warms any wanted version not loaded yet (in the poller's thread, so
 serving goes on), then publishes the new state. Versions that are no longer
 wanted are dropped only once a wanted version is available: a version that
 fails to load leaves the current one serving, and its error shows in the
-model's status. A failed folder is not retried until it changes.
+model's status. A failed version is retried when its files change (any
+file's path, size or modification time: a version copied in parts, its
+`variables/` a poll after `saved_model.pb`, loads once it is whole), as TF
+Serving retries. A loaded version whose files change (a folder replaced
+under the same number, a registry record with another content hash) is
+loaded again and switched to; if that load fails, the copy loaded before
+keeps serving and the failure shows in the status and `/healthz`.
 """
 
 import dataclasses
@@ -32,6 +38,13 @@ class ModelState:
     labels: dict            # label -> version
     default: int            # the version a request without version or label gets
     failures: dict          # version -> error message (the last load that failed)
+    wanted: int = None      # the version that should be the default (promoted, or newest)
+
+    @property
+    def degraded(self):
+        """Whether the wanted version failed to load while another version serves."""
+        return self.wanted is not None and self.wanted in self.failures and \
+            self.default != self.wanted and bool(self.versions)
 
     def resolve(self, version=None, label=None):
         if version is not None and label is not None:
@@ -55,23 +68,39 @@ class ModelState:
         return self.versions[version]
 
 
-def _stamp(path):
-    """What changes when a version folder is rewritten: its saved_model.pb's mtime and size."""
+def stamp(path):
+    """What changes when a version folder's content changes: every file's path, size and mtime.
+
+    None when the folder cannot be read. Cheap (no file is read but the
+    registry's record): a version folder holds few files.
+    """
+    from tapeworks.deploy.registry import recorded
+
+    entries = []
     try:
-        info = os.stat(os.path.join(path, "saved_model.pb"))
-        return (info.st_mtime_ns, info.st_size)
+        for base, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                info = os.stat(os.path.join(base, name))
+                entries.append((os.path.relpath(os.path.join(base, name), path),
+                                info.st_size, info.st_mtime_ns))
     except OSError:
         return None
+    if not entries:
+        return None
+    return (tuple(entries), recorded(path).get("sha256"))
 
 
 class ModelManager:
-    def __init__(self, source, *, warm_batch_sizes=(1,), on_switch=None):
+    def __init__(self, source, *, warm_batch_sizes=(1,), on_switch=None, allow_ops=()):
         self.source = source
+        self.allow_ops = tuple(allow_ops)   # graph_ops.OUTSIDE_OPS the operator allows
         self.warm_batch_sizes = tuple(warm_batch_sizes)
         self.on_switch = on_switch       # called with (name, ModelState) after each switch
         self.after_load = None           # called after a sync that loaded a version
         self.states = {}                 # name -> ModelState (replaced, never mutated)
         self._failed = {}                # (name, version) -> (stamp, message)
+        self._stamps = {}                # (name, version) -> stamp of the loaded copy
         self._lock = threading.Lock()    # one sync at a time
         self.plan_error = None           # why the last plan could not be read
 
@@ -105,23 +134,28 @@ class ModelManager:
                     if v in plan.versions}
         for version, folder in sorted(plan.versions.items()):
             path = os.path.join(plan.base_path, folder)
-            if version in loaded and loaded[version].path == path:
+            current = stamp(path)
+            if version in loaded and loaded[version].path == path and \
+                    self._stamps.get((name, version)) == current:
                 continue
-            stamp = _stamp(path)
             failed = self._failed.get((name, version))
-            if failed is not None and failed[0] == stamp:
+            if failed is not None and failed[0] == current:
                 continue
+            if version in loaded:
+                logger.info("model %s version %s changed on disk: loading it again", name,
+                            version)
             started = time.perf_counter()
             try:
-                servable = Servable(name, version, path)
+                servable = Servable(name, version, path, self.allow_ops)
                 warmed = servable.warm_up(self.warm_batch_sizes)
             except Exception as error:   # noqa: BLE001 - a bad version must not stop serving
                 message = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:500]}"
-                self._failed[(name, version)] = (stamp, message)
+                self._failed[(name, version)] = (current, message)
                 failures[version] = message
                 logger.error("model %s version %s failed to load: %s", name, version, message)
                 continue
             self._failed.pop((name, version), None)
+            self._stamps[(name, version)] = current
             failures.pop(version, None)
             loaded[version] = servable
             newly += 1
@@ -133,7 +167,8 @@ class ModelManager:
         default = plan.current if plan.current in loaded else (
             max(wanted_available) if wanted_available else (old.default if old else None))
         labels = {k: v for k, v in plan.labels.items() if v in loaded}
-        state = ModelState(name, loaded, labels, default, failures)
+        wanted = plan.current if plan.current is not None else max(plan.versions, default=None)
+        state = ModelState(name, loaded, labels, default, failures, wanted)
         if old != state:
             self.states[name] = state     # the switch: one assignment
             if self.on_switch is not None:

@@ -15,30 +15,21 @@ import json
 
 import numpy as np
 
-from tapeworks.serve.servable import (CLASSIFY, RequestError, _decode_strings, _json_type,
-                                      _short, check_shape, from_array, to_array)
+from tapeworks.serve import json_body
+from tapeworks.serve.json_tensor import (check_shape, decode_strings, encode, encode_rows,
+                                         format_floats, json_type, short, stack_instances,
+                                         to_array)
+from tapeworks.serve.servable import CLASSIFY, RequestError
 
 ROW, COLUMNAR = "row", "columnar"
 
 
 def parse_body(body):
-    if not body:
-        raise RequestError("JSON Parse error: The document is empty")
-    try:
-        document = json.loads(body)
-    except json.JSONDecodeError as error:
-        # rapidjson's words, as TF Serving reports them ("Invalid value." for
-        # what is not JSON at all), with Python's own detail.
-        what = "Invalid value." if error.msg.startswith("Expecting value") else error.msg
-        raise RequestError(f"JSON Parse error: {what} at offset: {error.pos} "
-                           f"({error.msg})") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise RequestError(f"JSON Parse error: {error}") from None
-    if not isinstance(document, dict):
-        raise RequestError(f"JSON Value: {_short(document)} Is not object")
+    """(document, signature name) of a request body: TF Serving's ParseJson and FillSignature."""
+    document = json_body.parse(body)
     signature = document.get("signature_name", "")
     if not isinstance(signature, str):
-        raise RequestError(f"JSON Value: {_short(document)} not formatted correctly. "
+        raise RequestError(f"JSON Value: {json_body.snippet(body)} not formatted correctly. "
                            "'signature_name' key must be a string value.")
     return document, signature
 
@@ -49,7 +40,7 @@ def predict_inputs(document, specs, check_shapes=True):
         raise RequestError("Failed to get input map for signature")
     has_rows, has_columns = "instances" in document, "inputs" in document
     if has_rows and has_columns:
-        raise RequestError(f"JSON Value: {_short(document)} Not formatted correctly expecting "
+        raise RequestError(f"JSON Value: {short(document)} Not formatted correctly expecting "
                            "only one of 'inputs' or 'instances' keys to exist ")
     if has_rows:
         return _rows(document["instances"], specs, document, check_shapes), ROW
@@ -64,10 +55,10 @@ def _is_object(value):
 
 def _rows(instances, specs, document, check_shapes):
     if not isinstance(instances, list):
-        raise RequestError(f"JSON Value: {_short(document)} Expecting 'instances' to be an "
+        raise RequestError(f"JSON Value: {short(document)} Expecting 'instances' to be an "
                            "list/array")
     if not instances:
-        raise RequestError(f"JSON Value: {_short(document)} No values in 'instances' array")
+        raise RequestError(f"JSON Value: {short(document)} No values in 'instances' array")
     objects = _is_object(instances[0])
     if not objects and len(specs) > 1:
         raise RequestError(
@@ -84,7 +75,7 @@ def _rows(instances, specs, document, check_shapes):
                 extra = sorted(set(item) - set(names))
                 raise RequestError(
                     f"Failed to process element: {index} of 'instances' list. JSON object: "
-                    f"{_short(item)} keys must be equal to: {','.join(names)}"
+                    f"{short(item)} keys must be equal to: {','.join(names)}"
                     + (f" (missing: {', '.join(missing)})" if missing else "")
                     + (f" (unknown: {', '.join(extra)})" if extra else ""))
             for name in names:
@@ -96,17 +87,7 @@ def _rows(instances, specs, document, check_shapes):
             columns[names[0]].append(item)
     arrays = {}
     for name in names:
-        values = [to_array(v, specs[name], f"'instances' item {i}")
-                  for i, v in enumerate(columns[name])]
-        first = values[0].shape
-        for i, value in enumerate(values):
-            if value.shape != first:
-                raise RequestError(
-                    f"Failed to process element: {i} of 'instances' list. Error: input "
-                    f"'{name}' has shape {list(value.shape)}, item 0 has {list(first)}: every "
-                    "instance must have the same shape (use the columnar 'inputs' format "
-                    "otherwise)")
-        arrays[name] = np.stack(values)
+        arrays[name] = stack_instances(columns[name], specs[name], name)
         if check_shapes:
             check_shape(arrays[name], specs[name], "'instances'")
     return arrays
@@ -138,11 +119,14 @@ def _columns(inputs, specs, check_shapes):
 
 
 def predict_response(outputs, format):
+    """The predict response as JSON text, in the request's format."""
+    # TF Serving's MakeJsonFromTensors.
     names = sorted(outputs)
     if format == COLUMNAR:
         if len(names) == 1:
-            return {"outputs": from_array(names[0], outputs[names[0]])}
-        return {"outputs": {n: from_array(n, outputs[n]) for n in names}}
+            return '{"outputs": %s}' % encode(names[0], outputs[names[0]])
+        return '{"outputs": {%s}}' % ", ".join(
+            f"{json.dumps(n)}: {encode(n, outputs[n])}" for n in names)
     sizes = {n: (outputs[n].shape[0] if outputs[n].ndim else None) for n in names}
     batch = None
     for name in names:
@@ -152,10 +136,13 @@ def predict_response(outputs, format):
             raise RequestError(f"Tensor name: {name} has inconsistent batch size: "
                                f"{sizes[name]} expecting: {batch}")
         batch = sizes[name]
-    columns = {n: from_array(n, outputs[n]) for n in names}
     if len(names) == 1:
-        return {"predictions": columns[names[0]]}
-    return {"predictions": [{n: columns[n][i] for n in names} for i in range(batch)]}
+        return '{"predictions": %s}' % encode(names[0], outputs[names[0]])
+    rows = {n: encode_rows(n, outputs[n]) for n in names}
+    keys = [json.dumps(n) for n in names]
+    template = "{" + ", ".join(f"{k}: %s" for k in keys) + "}"
+    return '{"predictions": [%s]}' % ", ".join(
+        template % tuple(rows[n][i] for n in names) for i in range(batch))
 
 
 # Classify and regress ------------------------------------------------------
@@ -167,15 +154,15 @@ def examples(document, method):
     context = document.get("context")
     context_features = _features(context) if context is not None else {}
     if "examples" not in document:
-        raise RequestError(f"JSON Value: {_short(document)} When method is "
+        raise RequestError(f"JSON Value: {short(document)} When method is "
                            f"{'classify' if method == CLASSIFY else 'regress'}, key 'examples' "
                            "is expected and was not found")
     items = document["examples"]
     if not isinstance(items, list):
-        raise RequestError(f"JSON Value: {_short(document)} Expecting 'examples' value to be "
+        raise RequestError(f"JSON Value: {short(document)} Expecting 'examples' value to be "
                            "an list/array")
     if not items:
-        raise RequestError(f"JSON Value: {_short(document)} 'examples' value is an empty array")
+        raise RequestError(f"JSON Value: {short(document)} 'examples' value is an empty array")
     serialized = []
     for item in items:
         features = _features(item)
@@ -193,7 +180,7 @@ def _features(value):
     import tensorflow as tf
 
     if not isinstance(value, dict):
-        raise RequestError(f"Example must be JSON object but got JSON {_json_type(value)}")
+        raise RequestError(f"Example must be JSON object but got JSON {json_type(value)}")
     features = {}
     for name, content in value.items():
         values = content if isinstance(content, list) else [content]
@@ -214,10 +201,10 @@ def _features(value):
                 converted.append(v.encode())
             elif isinstance(v, dict) and set(v) == {"b64"}:
                 kinds.add("bytes")
-                converted.append(_decode_strings(v))
+                converted.append(decode_strings(v))
             else:
                 raise RequestError(f"Feature: {name} has element with unexpected JSON type: "
-                                   f"{_json_type(v)}")
+                                   f"{json_type(v)}")
         if len(kinds) > 1:
             raise RequestError(f"Unexpected element type in feature: {name} (mixed "
                                f"{' and '.join(sorted(kinds))} values)")
@@ -265,10 +252,20 @@ def regressions(outputs):
 
 
 def classify_response(outputs):
-    """{"results": [[[label, score], ...] per example]}, scores in float32's shortest digits."""
-    return {"results": [[[label, 0.0 if score is None else float(score.astype(str))]
-                         for label, score in row] for row in classifications(outputs)]}
+    """{"results": [[[label, score], ...] per example]} as JSON text (scores as TF Serving
+    writes them)."""
+    rows = classifications(outputs)
+    scores = format_floats(np.array([0.0 if score is None else score for row in rows
+                                     for _, score in row], np.float32), 9)
+    texts, index = [], 0
+    for row in rows:
+        pairs = []
+        for label, _ in row:
+            pairs.append(f"[{json.dumps(label)}, {scores[index]}]")
+            index += 1
+        texts.append("[" + ", ".join(pairs) + "]")
+    return '{"results": [%s]}' % ", ".join(texts)
 
 
 def regress_response(outputs):
-    return {"results": from_array("outputs", regressions(outputs))}
+    return '{"results": %s}' % encode("outputs", regressions(outputs))

@@ -4,10 +4,11 @@ Only SavedModel graphs are loaded (`tf.saved_model.load`: no pickles, no
 Python code from the model folder), Keras exports and TF1-style graphs alike
 (signature input keys such as `x` over tensors named `x:0`). The signature
 definitions are read from `saved_model.pb` itself, so `metadata` answers
-exactly what TensorFlow Serving answers for the same folder.
+exactly what TensorFlow Serving answers for the same folder. A graph with
+ops that act on files, processes or the network is refused before it is
+loaded, unless the server allows them (`tapeworks.deploy.graph_ops`).
 """
 
-import base64
 import os
 
 import numpy as np
@@ -72,11 +73,16 @@ def _check_recorded_hash(path):
 class Servable:
     """A SavedModel version, loaded and ready to call."""
 
-    def __init__(self, name, version, path):
+    def __init__(self, name, version, path, allow_ops=()):
         import tensorflow as tf
+
+        from tapeworks.deploy.graph_ops import check_ops
 
         self.name, self.version, self.path = name, version, path
         _check_recorded_hash(path)
+        # Before anything runs: a graph that acts on files, processes or the
+        # network is not loaded (graph_ops: the trust model).
+        check_ops(path, allow_ops)
         self.meta_graph = _meta_graph(path)
         self.loaded = tf.saved_model.load(path, tags=["serve"])
         self.functions = dict(self.loaded.signatures)
@@ -185,127 +191,3 @@ class Servable:
                 self.run(key, {k: np.zeros([size] + s.shape[1:], s.dtype.as_numpy_dtype)
                                for k, s in specs.items()})
         return "zeros of each signature's shape"
-
-
-# JSON values -> arrays ----------------------------------------------------
-
-def _decode_strings(value):
-    if isinstance(value, dict):
-        if set(value) != {"b64"} or not isinstance(value["b64"], str):
-            raise RequestError(f"JSON Value: {_short(value)} not formatted correctly for "
-                               "base64 data")
-        try:
-            return base64.b64decode(value["b64"], validate=True)
-        except ValueError:
-            raise RequestError("Unable to base64 decode") from None
-    if isinstance(value, list):
-        return [_decode_strings(v) for v in value]
-    if isinstance(value, str):
-        return value.encode()
-    raise RequestError(f"JSON Value: {_short(value)} Type: {_json_type(value)} is not of "
-                       "expected type: string")
-
-
-def _json_type(value):
-    return {bool: "Bool", int: "Number", float: "Number", str: "String", list: "Array",
-            dict: "Object", type(None): "Null"}.get(type(value), type(value).__name__)
-
-
-def _short(value):
-    import json
-
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def to_array(value, spec, where):
-    """A JSON value as an array of the input's dtype; errors name the input and what was wrong."""
-    if spec.is_string:
-        array = np.array(_decode_strings(value), dtype=object)
-        if any(not isinstance(v, bytes) for v in array.flat):
-            raise RequestError(f"{where}: input '{spec.name}' has ragged or mixed values. "
-                               f"Expected {spec.describe()}.")
-        return array
-    if _has_strings(value):
-        raise RequestError(
-            f"{where}: input '{spec.name}' expects {spec.dtype.name} values; received a "
-            f"string: JSON Value: {_short(value)} Type: String is not of expected type: "
-            f"{_TF_SERVING_TYPE_NAMES.get(spec.dtype.name, spec.dtype.name)}. Expected "
-            f"{spec.describe()}.")
-    found = _first_of_wrong_kind(value, spec.dtype)
-    if found:
-        wrong = found[0]
-        # As TF Serving: an integer input takes whole JSON numbers only (1.5 is
-        # not silently truncated), a bool input true/false, a float input numbers.
-        raise RequestError(
-            f"{where}: input '{spec.name}' expects {spec.dtype.name} values; received "
-            f"{_short(wrong)}: JSON Value: {_short(wrong)} Type: {_json_type(wrong)} is not of "
-            f"expected type: {_TF_SERVING_TYPE_NAMES.get(spec.dtype.name, spec.dtype.name)}. "
-            f"Expected {spec.describe()}.")
-    try:
-        array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype)
-    except (ValueError, TypeError) as error:
-        reason = "ragged (rows of different lengths)" if "inhomogeneous" in str(error) \
-            else str(error)
-        raise RequestError(f"{where}: input '{spec.name}' could not be read as "
-                           f"{spec.dtype.name}: {reason}. Expected {spec.describe()}.") from None
-    return array
-
-
-def _first_of_wrong_kind(value, dtype):
-    """(the first JSON scalar in `value` the numeric `dtype` does not take,), or ()."""
-    if isinstance(value, list):
-        for item in value:
-            found = _first_of_wrong_kind(item, dtype)
-            if found:
-                return found
-        return ()
-    if dtype.is_bool:
-        return () if isinstance(value, bool) else (value,)
-    if isinstance(value, bool) or value is None:
-        return (value,)
-    if dtype.is_integer and isinstance(value, float):
-        return (value,)
-    return ()
-
-
-# TensorFlow's DataTypeString names, which TF Serving's messages use.
-_TF_SERVING_TYPE_NAMES = {"float32": "float", "float64": "double"}
-
-
-def _has_strings(value):
-    if isinstance(value, (str, dict)):
-        return True
-    return isinstance(value, list) and any(_has_strings(v) for v in value)
-
-
-def check_shape(array, spec, where):
-    if spec.shape is None:
-        return
-    received = list(array.shape)
-    if len(received) != len(spec.shape) or any(
-            want is not None and want != got for want, got in zip(spec.shape, received)):
-        raise RequestError(
-            f"{where}: input '{spec.name}' has shape {received}; expected {spec.describe()} "
-            "(-1: any size).")
-
-
-def from_array(name, array):
-    """An output array as JSON values: strings decoded, `*_bytes` outputs as {"b64": ...}."""
-    if array.dtype == object:
-        binary = name.endswith("_bytes")
-
-        def convert(v):
-            if isinstance(v, list):
-                return [convert(x) for x in v]
-            if binary:
-                return {"b64": base64.b64encode(v).decode()}
-            return v.decode("utf-8", errors="replace")
-
-        return convert(array.tolist())
-    if array.dtype in (np.float32, np.float16) or array.dtype.name == "bfloat16":
-        # The shortest digits that round-trip in the tensor's own precision (0.1,
-        # not 0.10000000149011612), as TensorFlow Serving writes floats: numpy's
-        # float-to-string conversion is that, in C.
-        return array.astype(np.float32).astype(str).astype(np.float64).tolist()
-    return array.tolist()

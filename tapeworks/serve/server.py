@@ -9,7 +9,9 @@ TF Serving's command line moves over by changing the program's name. Its
 `--port` is the gRPC port: with `--rest_api_port` given, `--port` is read as
 that and refused (gRPC is not served). Every model is loaded and warmed
 before the port opens, as TF Serving does; then a poller thread re-reads
-the plan every `--poll-seconds` (hot reload).
+the plan every `--poll-seconds` (hot reload). SIGTERM drains: requests
+already received are answered (within `--grace-seconds`), then the
+process exits 0 (`connections.py`).
 """
 
 import argparse
@@ -54,6 +56,20 @@ def add_arguments(parser):
                         help="how often the registry or config is read again")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads that run models (TensorFlow uses all cores per call)")
+    parser.add_argument("--allow-ops", default="",
+                        help="comma-separated ops that act on files, processes or the network "
+                             "(tapeworks.deploy.graph_ops) to allow in the models' graphs; by "
+                             "default a model with any of them is not loaded")
+    parser.add_argument("--grace-seconds", type=float, default=10.0,
+                        help="on SIGTERM: how long requests already received may take to be "
+                             "answered before the server exits (default 10)")
+    parser.add_argument("--idle-timeout-seconds", type=float, default=5.0,
+                        help="close a connection idle this long (before its first request or "
+                             "between requests; default 5)")
+    parser.add_argument("--header-timeout-seconds", type=float, default=10.0,
+                        help="close a connection whose request headers take longer (default 10)")
+    parser.add_argument("--body-timeout-seconds", type=float, default=30.0,
+                        help="answer 408 when a request body takes longer to arrive (default 30)")
     tf = parser.add_argument_group("TensorFlow Serving's flags")
     tf.add_argument("--rest_api_port", type=int, default=None)
     tf.add_argument("--model_name", default=None)
@@ -92,7 +108,8 @@ def settings_from(args):
     threads = args.rest_api_num_threads or args.threads
     settings = Settings(max_batch_size=batch, batch_timeout_ms=args.batch_timeout_ms,
                         max_queue=args.max_queue,
-                        max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=threads)
+                        max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=threads,
+                        body_timeout=args.body_timeout_seconds)
     source = dict(root=args.root, model_config_file=args.model_config_file,
                   model_name=args.model_name, model_base_path=args.model_base_path)
     return port, source, settings, poll, grpc_port
@@ -116,6 +133,7 @@ def _freeze_heap():
 def run(args):
     import uvicorn
 
+    from tapeworks.serve import connections
     from tapeworks.serve.app import ServingApp
     from tapeworks.serve.batching import buckets
     from tapeworks.serve.config import ServingConfigError, Source
@@ -135,7 +153,8 @@ def run(args):
     except ServingConfigError as error:
         raise SystemExit(f"tapeworks serve: {error}") from None
     warm = buckets(settings.max_batch_size) if settings.max_batch_size > 1 else [1]
-    manager = ModelManager(source, warm_batch_sizes=warm)
+    allow_ops = [op.strip() for op in args.allow_ops.split(",") if op.strip()]
+    manager = ModelManager(source, warm_batch_sizes=warm, allow_ops=allow_ops)
     manager.sync()
     if manager.plan_error:
         raise SystemExit(f"tapeworks serve: {manager.plan_error}")
@@ -153,9 +172,13 @@ def run(args):
     print(f"tapeworks serve: {source.describe()} on http://{args.host}:{port}"
           + (f" and gRPC {args.host}:{grpc_port}" if grpc_port else "")
           + f" (batching: {settings.max_batch_size or 'off'})", flush=True)
+    protocol = type("HttpProtocol", (connections.TimedHttpProtocol,),
+                    {"header_timeout": args.header_timeout_seconds})
     config = uvicorn.Config(serving.app, host=args.host, port=port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5)
-    http = uvicorn.Server(config)
+                            access_log=False, http=protocol,
+                            timeout_keep_alive=args.idle_timeout_seconds,
+                            timeout_graceful_shutdown=args.grace_seconds)
+    http = connections.DrainingServer(config)
 
     async def serve():
         # One event loop for both protocols: gRPC and REST requests share the
@@ -181,6 +204,7 @@ def run(args):
     finally:
         stop.set()
         serving.executor.shutdown(wait=False, cancel_futures=True)
+    print("tapeworks serve: stopped", flush=True)
     return 0
 
 

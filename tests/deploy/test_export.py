@@ -191,6 +191,9 @@ def test_litert_float32_and_full_int8_are_verified_with_the_task_metric(tmp_path
     # fixed overhead (measured: 11,164 bytes against 5,624).
     assert integer.size_bytes < 0.6 * floating.size_bytes
     assert "int8" in str(integer) and "accuracy" in str(integer)
+    # Quantised as a whole: nothing needed keeping in float.
+    assert integer.kept_float == [] and integer.metric["tolerance"] == "at most 1 point of " \
+        "accuracy lost"
 
 
 def test_an_op_litert_cannot_convert_is_named_and_nothing_is_written(tmp_path):

@@ -65,7 +65,7 @@ def test_a_trial_run_leaves_every_variable_bit_for_bit(trained, measure):
         trainer.explain(dataset.repeat(), steps=3, try_xla=False)
     after = values(variables)
     for variable, old, new in zip(variables, before, after):
-        np.testing.assert_array_equal(new, old, err_msg=variable.path)
+        np.testing.assert_array_equal(new, old, err_msg=variable.name)
     assert len(trainer.monitor_history) == history
     # And training goes on as if nothing had run in between.
     trainer.fit(dataset, epochs=1, steps_per_epoch=1, verbose=0)

@@ -35,7 +35,8 @@ def test_findings_exit_1_with_flake8_style_lines(project):
     result = lint("pkg", cwd=project)
     assert result.returncode == 1
     assert result.stdout.strip() == (
-        "pkg/bad.py:5:5: TW103 `print()` inside a tf.function runs once, while tracing")
+        "pkg/bad.py:5:5: TW103 `print()` inside a tf.function runs once, while tracing "
+        "(see docs: lint-rules#TW103)")
 
 
 def test_clean_exits_0(project):
@@ -90,7 +91,8 @@ def test_flake8_plugin(project):
                             capture_output=True, text=True, cwd=project, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stdout.strip() == (
-        "pkg/bad.py:5:5: TW103 `print()` inside a tf.function runs once, while tracing")
+        "pkg/bad.py:5:5: TW103 `print()` inside a tf.function runs once, while tracing "
+        "(see docs: lint-rules#TW103)")
 
 
 def test_flake8_honours_noqa(project):

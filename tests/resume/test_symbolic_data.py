@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tapeworks import ConfigError
-from tapeworks.engine import inputs, run_checkpoint
+from tapeworks.engine import data_position, inputs
 from tests.resume.test_resume_api import data, saves, trainer, weights
 
 

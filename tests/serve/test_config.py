@@ -85,6 +85,6 @@ def test_the_built_in_messages_read_what_tf_servings_own_read(tmp_path, monkeypa
         model_version_policy {{ specific {{ versions: 1 }} }}
         version_labels {{ key: "stable" value: 1 }} }} }}"""
     with_theirs = config_module.parse_model_config(text)
-    monkeypatch.setattr(config_module, "_SERVER_CONFIG", config_module._messages())
-    assert config_module.parse_model_config(text) == with_theirs == [
+    built_in = config_module.builtin_model_server_config()
+    assert config_module.parse_model_config(text, message_class=built_in) == with_theirs == [
         ("m", str(tmp_path / "m"), ("specific", [1]), {"stable": 1})]

@@ -1,11 +1,14 @@
 """TF Serving's JSON rules, in-process: value kinds per dtype, float digits, row/column shapes."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tapeworks.serve import rest
-from tapeworks.serve.servable import InputSpec, RequestError, from_array, to_array
+from tapeworks.serve.json_tensor import encode, to_array
+from tapeworks.serve.servable import InputSpec, RequestError
 
 
 @pytest.mark.parametrize("dtype, value, taken", [
@@ -23,10 +26,11 @@ def test_each_dtype_takes_only_its_own_json_kind(dtype, value, taken):
         assert to_array(value, spec, "'inputs'").tolist() == taken
 
 
-def test_floats_are_written_with_their_own_shortest_digits():
-    assert from_array("y", np.array([0.1, 1 / 3, 2.5], np.float32)) == [0.1, 0.33333334, 2.5]
-    assert from_array("y", np.array([[1, 2]], np.int64)) == [[1, 2]]
-    assert from_array("tag_bytes", np.array([b"\x00a"], dtype=object)) == [{"b64": "AGE="}]
+def test_floats_are_written_as_tf_serving_writes_them():
+    """TF Serving's WriteDecimal: six digits when they read back, else max_digits10; `.0`."""
+    assert encode("y", np.array([0.1, 1 / 3, 2.5], np.float32)) == "[0.1,0.333333343,2.5]"
+    assert encode("y", np.array([[1, 2]], np.int64)) == "[[1,2]]"
+    assert encode("tag_bytes", np.array([b"\x00a"], dtype=object)) == '[{"b64": "AGE="}]'
 
 
 def test_row_and_columnar_requests_become_the_same_tensors():
@@ -40,5 +44,5 @@ def test_row_and_columnar_requests_become_the_same_tensors():
     assert (kind, other) == (rest.ROW, rest.COLUMNAR)
     for name in specs:
         np.testing.assert_array_equal(rows[name], columns[name])
-    assert rest.predict_response({"y": np.array([[1.5], [2.5]], np.float32)}, rest.ROW) == {
-        "predictions": [[1.5], [2.5]]}
+    assert json.loads(rest.predict_response({"y": np.array([[1.5], [2.5]], np.float32)},
+                                            rest.ROW)) == {"predictions": [[1.5], [2.5]]}
