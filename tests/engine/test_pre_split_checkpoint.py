@@ -15,18 +15,6 @@ from tests.fixtures.pre_split import make
 FIXTURES = os.path.dirname(make.__file__)
 
 
-def values(trainer):
-    found = {}
-    # By position: layer names get a process-wide counter (dense_3).
-    for i, v in enumerate(v for m in trainer.task.models for v in m.variables):
-        found[f"model/{i}"] = v.numpy()
-    for i, v in enumerate(trainer.optimizer.variables):
-        found[f"optimizer/{i}"] = v.numpy()
-    found["counters/step"] = trainer.counters.step.numpy()
-    found["counters/epoch"] = trainer.counters.epoch.numpy()
-    return found
-
-
 def assert_same(found, expected):
     assert sorted(found) == sorted(expected)
     for name in expected:
@@ -41,7 +29,7 @@ def test_run_folder_written_before_the_split_resumes_as_finished(tmp_path):
     x, y = make.data()
     history = trainer.fit(x, y, batch_size=8, epochs=2, verbose=0, checkpoint_dir=str(folder))
     assert history.history == {}   # nothing left to train
-    assert_same(values(trainer), expected)
+    assert_same(make.values(trainer), expected)
 
 
 def test_run_folder_written_before_the_split_goes_on_as_an_uninterrupted_run(tmp_path):
@@ -53,7 +41,7 @@ def test_run_folder_written_before_the_split_goes_on_as_an_uninterrupted_run(tmp
     straight = make.build()
     straight.fit(x, y, batch_size=8, epochs=3, verbose=0,
                  checkpoint_dir=str(tmp_path / "straight"))
-    assert_same(values(resumed), values(straight))
+    assert_same(make.values(resumed), make.values(straight))
 
 
 def test_user_checkpoint_written_before_the_split_reads_into_a_fresh_trainer():
@@ -63,4 +51,4 @@ def test_user_checkpoint_written_before_the_split_reads_into_a_fresh_trainer():
     trainer.build_state(x, y, batch_size=8)
     trainer.checkpoint.read(os.path.join(FIXTURES, "user", "ckpt")) \
         .assert_existing_objects_matched()
-    assert_same(values(trainer), expected)
+    assert_same(make.values(trainer), expected)
