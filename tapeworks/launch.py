@@ -21,7 +21,7 @@ machine, for development and tests:
   a second Ctrl-C kills them.
 
 It is deliberately small: no restarts, no remote hosts. Those are the
-cluster's job (the README's paragraph on `tapeworks launch`).
+cluster's job (the guide, docs/distribute.md, on `tapeworks launch`).
 """
 
 import json

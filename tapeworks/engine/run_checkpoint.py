@@ -4,7 +4,7 @@ Keras' `BackupAndRestore` restarts an interrupted epoch from its first batch
 on top of mid-epoch weights and restores neither the data position, the
 random state nor the callbacks. Here a save holds everything the next step
 depends on, so a run killed at any moment and restarted continues the
-uninterrupted run exactly (the conditions are in the README's "Resume"):
+uninterrupted run exactly (the conditions are in the guide, docs/resume.md):
 
 - `state`: a TensorFlow checkpoint of `trainer.checkpoint` (models,
   optimizers, accumulators, loss scale, counters, weightings) plus every

@@ -132,7 +132,7 @@ class Trainer(evaluation.EvaluateAndPredict):
             one device). Models and optimizers must be built in its scope.
             `batch_size` is then the global batch, split across replicas; each
             replica's loss is the mean over its share, the gradients are
-            summed over replicas (see the README's "Several devices").
+            summed over replicas (see the guide, docs/distribute.md).
         sync_batchnorm: make every BatchNormalization layer compute its
             statistics over the global batch (Keras' `synchronized=True`),
             as on one device, instead of per replica.
@@ -374,7 +374,7 @@ class Trainer(evaluation.EvaluateAndPredict):
             validation_freq: validate every this many epochs, or at the listed
                 (1-based) epochs.
 
-        Resuming (keyword-only; tapeworks' own, see the README's "Resume"):
+        Resuming (keyword-only; tapeworks' own, see the guide, docs/resume.md):
             checkpoint_dir: save the whole training state there, and resume
                 from the newest complete checkpoint there when the same
                 command runs again (model, optimizer, accumulators, metrics of
