@@ -281,10 +281,9 @@ def check_targets(y, model, loss, name="y", values=None):
             "`classes, y = np.unique(y, return_inverse=True)`, or "
             "`keras.layers.StringLookup` in the input pipeline.")
     kind = _loss_kind(loss)
-    if values is not None and _loss_fn_name(loss) in _PROBABILITY_TARGETS:
-        _check_probability_targets(values, name, loss)
     outputs = _declared_outputs(model)
     if kind is None or outputs is None or len(outputs) != 1 or y.shape.rank is None:
+        _check_probability_targets(values, name, loss)
         return
     out_shape = list(outputs[0].shape)
     classes = out_shape[-1] if len(out_shape) > 1 else None
@@ -305,6 +304,7 @@ def check_targets(y, model, loss, name="y", values=None):
             _check_class_ids(values, classes, name, loss_name)
         return
     if not classes or classes == 1:
+        _check_probability_targets(values, name, loss)
         return
     if len(y_shape) == len(out_shape) - 1 or (len(y_shape) == len(out_shape)
                                               and y_shape[-1] == 1):
@@ -319,6 +319,7 @@ def check_targets(y, model, loss, name="y", values=None):
             f"The labels `{name}` have shape {_shape(y_shape)}; `{model.name}` outputs "
             f"{_shape(out_shape)}. Expected labels with {classes} values per sample for "
             f"`{loss_name}`. Fix: change the labels or the model's last layer.")
+    _check_probability_targets(values, name, loss)
 
 
 # Keras' losses whose targets are probabilities: a target outside [0, 1] gives a
@@ -328,7 +329,9 @@ _PROBABILITY_TARGETS = {"binary_crossentropy", "binary_focal_crossentropy",
 
 
 def _check_probability_targets(values, name, loss):
-    if isinstance(values, (tf.RaggedTensor, dict, list, tuple)):
+    """After the shape checks (which say more): probability targets outside [0, 1]."""
+    if values is None or _loss_fn_name(loss) not in _PROBABILITY_TARGETS or isinstance(
+            values, (tf.RaggedTensor, dict, list, tuple)):
         return
     values = np.asarray(values)
     if values.size == 0 or values.dtype.kind not in "fiub":
