@@ -134,7 +134,6 @@ def test_batchnorm_on_a_batch_of_one_is_named(samples, batch_size, warned):
     import numpy as np
 
     import tapeworks
-    from tapeworks import CorrectnessWarning
 
     x = np.random.default_rng(0).normal(size=(samples, 4)).astype("float32")
     y = x[:, :1]
@@ -155,7 +154,6 @@ def test_a_warmup_longer_than_the_run_is_named():
     import numpy as np
 
     import tapeworks
-    from tapeworks import CorrectnessWarning
 
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     y = x[:, :1]
