@@ -60,7 +60,7 @@ def check_batch_statistics(task, train):
     if not layers or not train.batch_size:
         return
     names = ", ".join(f"`{layer.name}`" for layer in layers[:3])
-    samples = len(tf_nest_first(train.arrays)) if train.arrays is not None else None
+    samples = len(first_input_array(train.arrays)) if train.arrays is not None else None
     if train.batch_size == 1:
         where = "every batch holds one sample"
     elif samples is not None and samples % train.batch_size == 1:
@@ -75,7 +75,7 @@ def check_batch_statistics(task, train):
          "drop_remainder=True)`).", CorrectnessWarning)
 
 
-def tf_nest_first(arrays):
+def first_input_array(arrays):
     """The first array of (x, y, sample_weight) as passed (x may be a list or dict of them)."""
     x = arrays[0]
     if isinstance(x, dict):

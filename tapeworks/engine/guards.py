@@ -384,7 +384,7 @@ def _loss_fn_name(loss):
             loss = keras.losses.get(loss)
         except ValueError:
             return ""
-    fn = getattr(loss, "fn", loss)
+    fn = getattr(loss, "fn", loss)   # a Keras Loss class wraps its function as `fn`
     if not str(getattr(fn, "__module__", "")).startswith("keras"):
         return ""
     return getattr(fn, "__name__", "")
@@ -392,15 +392,7 @@ def _loss_fn_name(loss):
 
 def _loss_kind(loss):
     """"sparse", "dense" (labels shaped like the output) or None (not a known Keras loss)."""
-    if isinstance(loss, str):
-        try:
-            loss = keras.losses.get(loss)
-        except ValueError:
-            return None
-    fn = getattr(loss, "fn", loss)   # a Keras Loss class wraps its function as `fn`
-    if not str(getattr(fn, "__module__", "")).startswith("keras"):
-        return None
-    fn_name = getattr(fn, "__name__", "")
+    fn_name = _loss_fn_name(loss)
     if fn_name.startswith("sparse_"):
         return "sparse"
     return "dense" if fn_name in _DENSE_LOSSES else None

@@ -209,7 +209,7 @@ class ResumableRun(NoResume):
 
     def iterator_reader(self, point):
         """How the saved tf.data iterator is read back into a new iterator (or None)."""
-        if point.data != "iterator" or not point.passes:
+        if point is None or point.data != "iterator" or not point.passes:
             return None
         prefix = os.path.join(point.folder, "data")
         return lambda iterator: tf.train.Checkpoint(iterator=iterator).read(

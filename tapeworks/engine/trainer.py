@@ -470,7 +470,7 @@ class Trainer(evaluation.EvaluateAndPredict):
                 # restored a backup; Keras' own loop starts there, and so does this one.
                 initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
                 batches = data.batches(steps_per_epoch, self.replication.iterate, point,
-                                       run.iterator_reader(point) if point else None)
+                                       run.iterator_reader(point))
                 training_logs = None
                 for epoch in range(initial_epoch, epochs):
                     resuming = (point is not None and epoch == point.epoch
