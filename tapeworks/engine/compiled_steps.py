@@ -153,9 +153,9 @@ class CompiledSteps:
         functions: the forward and backward passes, and the fused update
         (`jit_compile="update"`'s). It paid on a CPU while the checks read
         each gradient's sum of squares inside XLA (unvectorised there: a
-        third of the large bench MLP's step); since they read its largest
-        magnitude (`gradient_health.gradient_sentinels`) the whole step costs
-        less, so it is off unless `Trainer(split_xla_step_bytes=)` asks for it
+        third of the large bench MLP's step); since they read it less
+        dearly inside XLA (`gradient_health.gradient_sentinels`: the largest
+        magnitude, now one direct read) the whole step costs less, so it is off unless `Trainer(split_xla_step_bytes=)` asks for it
         (see `step.SPLIT_MIN_GRADIENT_BYTES`). Only when some check reads the
         gradients, on one device, and never on a GPU.
         """

@@ -2,7 +2,7 @@
 
 The step already reduces every gradient to one number for the non-finite
 check (`nonfinite.NonFiniteGuard`); that number is each gradient's Euclidean
-norm (`gradient_norms`; in an XLA step its largest magnitude:
+norm (`gradient_norms`; in an XLA step a sum of interleaved partial sums:
 `gradient_sentinels`), so the same reduction also tells which gradients are
 identically zero. The gradient monitor computes the norms themselves
 (`monitor.GradientMonitor`). `tf.math.reduce_euclidean_norm` is one kernel
@@ -54,17 +54,35 @@ def gradient_norms(gradients, xla=False):
     return norms
 
 
+# Interleaved partial sums an XLA sentinel keeps (`gradient_sentinels`).
+SENTINEL_LANES = 16
+
+
 def gradient_sentinels(gradients, xla=False):
     """One float32 value per gradient for the non-finite check and the dead-gradient count.
 
-    Non-finite exactly when the gradient holds a NaN or an Inf, and 0 exactly
-    when `gradient_norms` reads 0 (None stays None). In TensorFlow steps it is
-    the norm. In an XLA step it is the largest magnitude, a NaN read as Inf
-    (XLA's max on a CPU skips NaN), and 0 where its square underflows as the
-    norm's squares do: XLA on a CPU vectorises a max but not a float sum,
-    whose order of additions it keeps; one-off, over the large bench MLP's
-    21 MB of gradients, 3.2 ms against 9.6 ms for the sum of squares
-    (TensorFlow's norm 1.8 ms).
+    Non-finite exactly when the gradient holds a NaN or an Inf, and 0 when
+    the gradient is identically zero (None stays None). In TensorFlow steps
+    it is the norm (`gradient_norms`). In an XLA step it is the sum of the
+    magnitudes of `SENTINEL_LANES` interleaved partial sums (element i goes
+    to sum i mod 16): one read of the gradient, straight into a reduction;
+    below `SENTINEL_MIN_ELEMENTS` elements, the sum of the magnitudes.
+
+    Why not the norm or the largest magnitude there (see docs/ARCHITECTURE.md,
+    "The checks inside an XLA step"): XLA on a CPU fuses no elementwise op
+    into a reduction, so `square`, or `abs` with a NaN select, is written out
+    whole (the large bench MLP's 21 MB) before the reduction reads it back:
+    three passes over the gradients where a plain sum takes one (one-off,
+    21 MB: 1.5 ms against 2.6-3.7 ms for the largest magnitude); and XLA's
+    max on a CPU drops NaN (a NaN as the last of 4M values gave max -inf).
+    NaN and Inf go through sums. A partial sum beyond float32's range
+    (elements of about 1e31 and more: a gradient blown up either way) also
+    reads non-finite. Zero: every element of a small gradient is; of a large
+    one, all 16 partial sums are exactly 0.0, on every step of a
+    dead-gradient window (`DeadGradients`), which a gradient that is not zero
+    does not do: interleaving breaks the cancellations one sum could meet
+    (values that alternate in sign, rows centred on zero, the two biases of a
+    two-class softmax).
     """
     if not xla:
         return gradient_norms(gradients)
@@ -73,10 +91,35 @@ def gradient_sentinels(gradients, xla=False):
         if g is None:
             sentinels.append(None)
             continue
-        values = tf.abs(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
-        largest = tf.reduce_max(tf.where(tf.math.is_nan(values), float("inf"), values))
-        sentinels.append(tf.where(largest * largest == 0.0, 0.0, largest))
+        values = tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32)
+        count = values.shape.num_elements()
+        lanes = _sentinel_lanes(count)
+        if lanes is None:
+            # Small (or of no size with a divisor up to 16): the magnitudes'
+            # sum, zero exactly when every element is; writing |g| out costs
+            # nothing at this size.
+            sentinels.append(tf.reduce_sum(tf.abs(values)))
+            continue
+        # A reshape is free (a bitcast); the reduction over axis 0 reads
+        # the gradient once (XLA: a reduce-window, then a narrow reduce).
+        partial = tf.reduce_sum(tf.reshape(values, [-1, lanes]), axis=0)
+        sentinels.append(tf.reduce_sum(tf.abs(partial)))
     return sentinels
+
+
+# Below this many elements an XLA sentinel sums magnitudes instead.
+SENTINEL_MIN_ELEMENTS = 65536
+
+
+def _sentinel_lanes(count):
+    """The number of interleaved partial sums for a gradient of `count` elements, or None.
+
+    None (sum the magnitudes) for a small gradient, one of unknown size
+    (sparse values) or one no number from 16 down to 2 divides.
+    """
+    if count is None or count < SENTINEL_MIN_ELEMENTS:
+        return None
+    return next((lanes for lanes in range(SENTINEL_LANES, 1, -1) if count % lanes == 0), None)
 
 
 class Untracked:

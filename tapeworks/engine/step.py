@@ -162,7 +162,8 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
 
 # Gradients from this size (bytes) make an XLA step with checks on a CPU run
 # split (`CompiledSteps.splits_xla_step`): none, since the checks read each
-# gradient's largest magnitude inside XLA (`gradient_health.gradient_sentinels`).
+# gradient's largest magnitude inside XLA, and now its interleaved partial
+# sums, one direct read (`gradient_health.gradient_sentinels`).
 # While they read its sum of squares (XLA's float sums are not vectorised on a
 # CPU), the split paid from about 16 MiB (one-off, the defaults' checks over
 # no checks, whole against split: 10.5 MB +12% / +14%, the large bench MLP's
