@@ -146,7 +146,8 @@ def settle_trainer(trainer, dataset, long_fit_seconds=20.0, max_epochs=60):
         trainer.fit(dataset, verbose=0)
         epochs += 1
     notes = {"jit_compile": trainer.jit_compile, "steps_per_call": trainer.steps_per_call,
-             "tuning_epochs": epochs}
+             "tuning_epochs": epochs,
+             "expected_samples_per_s": trainer.tuning.get("expected_samples_per_s")}
     if trainer.tuning["input"]:
         notes["input"] = trainer.tuning["input"]["in_use"]
     return notes

@@ -93,6 +93,13 @@ class Choice:
     jit_compile: object   # False, True or "update"
     steps_per_call: int
     reason: str
+    # The rate the measurements predict for this choice (None where it was
+    # not chosen by measuring: fixed, adopted from the cache, a fallback).
+    expected_samples_per_s: float = None
+
+
+# Full calls of the chosen mode kept to report what fit achieves with it.
+ACHIEVED_CALLS = 64
 
 
 class CallPlanner:
@@ -127,6 +134,7 @@ class CallPlanner:
                               else [self._fixed_steps])
         self._calls = {}          # jit -> [(steps, samples, seconds)] of full timed calls
         self._checks = {}         # (jit, steps) -> [seconds per sample] while verifying
+        self._achieved = []       # samples/s of the chosen mode's last full calls
         self._start_seconds = {}  # jit -> seconds of its first and first loop calls
         self._reference_batch = None
         # A hard cap from the caller (captures every k steps), never lifted.
@@ -257,6 +265,9 @@ class CallPlanner:
         """Records a finished call of `probe` that asked for `requested` steps."""
         self.steps_trained += ran
         if self.choice is not None:
+            if (probe.jit == self.choice.jit_compile and ran == requested
+                    == self.choice.steps_per_call and seconds > 0):
+                self._achieved = self._achieved[1 - ACHIEVED_CALLS:] + [samples / seconds]
             return
         if probe.kind == HOLD:
             if self.remaining_steps is not None:
@@ -348,6 +359,13 @@ class CallPlanner:
             "measured": measured,
             "start_seconds": {str(k): v for k, v in self._start_seconds.items()},
             "checked_against_baseline": checks,
+            # What the choice was expected to run at, and what its full calls
+            # in fit have run at since (their median; seconds with the host's
+            # work for each call: callbacks, progress, checkpoints' bookkeeping).
+            "expected_samples_per_s": self.choice.expected_samples_per_s if self.choice else None,
+            "achieved_samples_per_s": (statistics.median(self._achieved)
+                                       if self._achieved else None),
+            "achieved_calls": len(self._achieved),
             "waiting_to_try": [describe(m) for m in self._deferred],
             "steps_of_earlier_runs": self.steps_before,
             "notes": list(self.notes),
@@ -557,9 +575,14 @@ class CallPlanner:
             steps = fallback[1].steps_per_call if fallback else 1
             self.choice = Choice(False, steps, (
                 f"the measured best ({self._candidate.reason}) was not faster than "
-                "tf.function with one step per call when checked"))
+                "tf.function with one step per call when checked"),
+                1.0 / fallback[0] if fallback else None)
         else:
             self.choice = self._candidate
+            if chosen is not None:
+                # The check's calls ran what fit will run: the choice at its
+                # steps per call, whole.
+                self.choice.expected_samples_per_s = 1.0 / chosen
         # Checked: a mode reconsidered later is timed again, not checked.
         self._candidate = None
 
@@ -576,6 +599,7 @@ class CallPlanner:
         if best is None:
             return None
         per_sample, choice = best
+        choice.expected_samples_per_s = 1.0 / per_sample
         choice.reason = (f"{describe(choice.jit_compile)} measured fastest: {1.0 / per_sample:,.0f} samples/s "
                          f"expected at {choice.steps_per_call} step(s) per call")
         return choice

@@ -84,6 +84,9 @@ class CallLoop:
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
             monitored, num_steps = self.monitor.steps_of_call(self.host_step, num_steps)
             iterator = batches.iterator()
+            # The planner times each call with the host's work for it (the
+            # callbacks, progress, the run's bookkeeping): what fit runs at.
+            iteration_start = time.perf_counter()
             callbacks.on_train_batch_begin(steps_done)
             try:
                 ran, samples, call_logs, seconds = self.run_call(
@@ -95,9 +98,6 @@ class CallLoop:
             if ran:
                 self.host_step += ran
                 self.dead.after_call(ran)
-                # A monitored call is measured too: one monitored step in a
-                # call is part of what training with the monitor costs.
-                planner.record(planned, num_steps, ran, samples, seconds)
                 if monitored:
                     call_logs.update(self.monitor.deliver(
                         callbacks.callbacks, monitored, self.host_step - ran,
@@ -113,6 +113,12 @@ class CallLoop:
                 progress.update(steps_done, samples_done, logs, planner.status())
                 run.after_call(self.host_step, batches, epoch, steps_done, samples_done,
                                epoch_ends=bool(epoch_steps) and steps_done >= epoch_steps)
+                # A monitored call is measured too: one monitored step in a
+                # call is part of what training with the monitor costs. The
+                # host's share: this iteration's time outside the call.
+                host_seconds = time.perf_counter() - iteration_start - seconds
+                planner.record(planned, num_steps, ran, samples,
+                               seconds + (host_seconds if seconds else 0.0))
                 if self.state.task.model.stop_training:
                     break
             if ran < num_steps:

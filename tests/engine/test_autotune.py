@@ -466,3 +466,33 @@ def test_a_mode_reconsidered_after_a_check_is_timed_and_can_win():
     run_counting_down(planner, large_mlp_cost(update_step=0.12), 10_000)
     assert planner.choice.jit_compile is True
     assert "jit=True,steps=1" in planner.report()["measured"]
+
+
+def test_the_report_says_the_rate_expected_for_the_choice_and_the_rate_fit_achieves():
+    # XLA at 1 ms a step, tf.function 2 ms, 1.25 ms a call: the choice's
+    # rate is measured in the check's alternating calls at its steps per call.
+    def cost(jit, steps):
+        return 0.00125 + steps * {True: 0.001, "update": 0.0015, False: 0.002}[jit]
+
+    planner = CallPlanner("auto", "auto")
+    drive(planner, cost)
+    choice = planner.choice
+    steps = choice.steps_per_call
+    expected = steps * BATCH / cost(choice.jit_compile, steps)
+    report = planner.report()
+    assert report["expected_samples_per_s"] == pytest.approx(expected)
+    assert report["achieved_samples_per_s"] is None and report["achieved_calls"] == 0
+    # Fit then runs the choice 20% slower (say, host work the timing missed);
+    # a call cut short by the end of the data, and another mode, are not counted.
+    for seconds in (1.2, 1.3, 1.1):
+        planner.record(planner.next_call(), steps, steps, steps * BATCH,
+                       seconds * cost(choice.jit_compile, steps))
+    planner.record(planner.next_call(), steps, steps - 1, (steps - 1) * BATCH, 1e-6)
+    report = planner.report()
+    assert report["achieved_calls"] == 3
+    assert report["achieved_samples_per_s"] == pytest.approx(expected / 1.2)
+
+
+def test_a_choice_made_without_measuring_expects_no_rate():
+    planner = CallPlanner(False, 4)
+    assert planner.report()["expected_samples_per_s"] is None

@@ -225,6 +225,12 @@ def run(quick=False, repeats=5):
         ceiling = max(results[name]["samples_per_s"] for name in CEILINGS.values())
         ours = results[TAPEWORKS]["samples_per_s"]
         facts[f"{size.name}: tapeworks, % of the faster ceiling"] = 100 * ours / ceiling
+        # The planner's promise against what the timed fits ran at (whole
+        # fits: epoch starts and ends included).
+        expected = results[TAPEWORKS]["notes"].get("expected_samples_per_s")
+        if expected:
+            facts[f"{size.name}: planner's expected rate for its choice (samples/s)"] = expected
+            facts[f"{size.name}: tapeworks fits / planner's expected rate"] = ours / expected
         bound = bound_with_adam(size, ceiling, bandwidth)
         facts[f"{size.name}: bound with Adam (ceiling + Adam's memory traffic), "
               "% of matmul peak"] = 100 * bound * 6 * size.macs_per_sample() / 1e9 / peak
