@@ -72,15 +72,32 @@ class PerformanceWarning(TapeworksWarning):
     """Something that only costs time: a pipeline without prefetch, a sequential map."""
 
 
-def warn(message, category):
+# Where the guide explains a warning when its call names no section of its own:
+# the section of its category (docs/troubleshooting.md).
+WARNING_SECTIONS = {"CorrectnessWarning": "CorrectnessWarning",
+                    "PerformanceWarning": "CorrectnessWarning",
+                    "TapeworksWarning": "warnings", "UserWarning": "warnings"}
+
+
+def warn(message, category, section=None):
     """`warnings.warn`, attributed to the first caller outside tapeworks (the user's line).
 
-    Python 3.12's `skip_file_prefixes` does this; tapeworks supports 3.10+.
+    The message ends with where the guide explains it, as errors' do
+    (`see docs: troubleshooting#dead-gradients`): `section` is its anchor in
+    docs/troubleshooting.md, else its category's (`WARNING_SECTIONS`). A
+    message that already points somewhere (a data check's finding code)
+    keeps its own pointer.
+
+    Python 3.12's `skip_file_prefixes` does the attribution; tapeworks supports 3.10+.
     """
     import os
     import sys
     import warnings
 
+    if "see docs:" not in message:
+        section = section or next((WARNING_SECTIONS[c.__name__] for c in category.__mro__
+                                   if c.__name__ in WARNING_SECTIONS), "warnings")
+        message = f"{message} (see docs: {ERRORS_PAGE}#{section})"
     package = os.path.dirname(os.path.abspath(__file__))
     # stacklevel 1 is this function's own line; 2 its caller, and so on.
     level, frame = 2, sys._getframe(1)

@@ -18,7 +18,7 @@ def check_something_trains(task):
         warn(f"tapeworks: nothing is trainable: every weight of {names} is frozen "
              "(trainable=False), so fit changes no weight, only the metrics. Fix: set "
              "`model.trainable = True` (or on the layers to fine-tune) before creating "
-             "the Trainer.", CorrectnessWarning)
+             "the Trainer.", CorrectnessWarning, section="setup-mistakes")
     if isinstance(task, task_lib.SupervisedTask):
         guards.check_output_matches_loss(task.model)
     for model in task.models:
@@ -43,7 +43,7 @@ def check_softmax_over_one_unit(model):
                  "(a loss computed from its logits can still fall). Fix: for two classes, "
                  "`Dense(1, activation=\"sigmoid\")` with binary cross-entropy, or "
                  "`Dense(2, activation=\"softmax\")` with sparse categorical cross-entropy.",
-                 CorrectnessWarning)
+                 CorrectnessWarning, section="setup-mistakes")
 
 
 def check_batch_statistics(task, train):
@@ -72,7 +72,7 @@ def check_batch_statistics(task, train):
          "over one sample it outputs its offset (beta) for every input, and its moving "
          "statistics learn from that. Fix: a batch size of 2 or more (for the last batch, "
          "one that does not leave a single sample, or drop it: `dataset.batch(n, "
-         "drop_remainder=True)`).", CorrectnessWarning)
+         "drop_remainder=True)`).", CorrectnessWarning, section="setup-mistakes")
 
 
 def first_input_array(arrays):
@@ -110,7 +110,8 @@ def check_schedule_horizons(task, optimizer_steps):
                  + (f" of {peak:g}" if isinstance(peak, (int, float)) else "")
                  + ". Keras' schedules count optimizer steps (batches), not epochs or "
                  "samples. Fix: `warmup_steps` in steps, e.g. epochs x steps per epoch "
-                 "(with accumulation, divided by `accumulate`).", CorrectnessWarning)
+                 "(with accumulation, divided by `accumulate`).", CorrectnessWarning,
+                 section="setup-mistakes")
 
 
 class LearningRateWatch:
@@ -143,4 +144,4 @@ class LearningRateWatch:
                      f"steps, with {epochs_left} epoch(s) still to run: training has all but "
                      f"stopped. Keras' schedules count optimizer steps (batches), not epochs. "
                      f"Fix: check `decay_steps` of the {type(schedule).__name__} (e.g. "
-                     "epochs x steps per epoch).", CorrectnessWarning)
+                     "epochs x steps per epoch).", CorrectnessWarning, section="setup-mistakes")

@@ -195,7 +195,8 @@ class DeadGradientWatch:
         found = [v for dead in self.sums for v in dead.dead() if id(v) not in self.reported]
         if found:
             self.reported.update(id(v) for v in found)
-            warn(dead_message(found, window, self.owners_of()), CorrectnessWarning)
+            warn(dead_message(found, window, self.owners_of()), CorrectnessWarning,
+                 section="dead-gradients")
 
 
 def owners(models):

@@ -74,7 +74,8 @@ def check(found, updates):
              "run in inference mode while the optimizer changes its weights. Fix: if it is a "
              f"frozen feature extractor, set `{layer.name}.trainable = False` before building "
              "the Trainer (or `Task.freeze` it); if fine-tuning in inference mode is meant, "
-             "pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning)
+             "pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning,
+             section="inference-mode")
 
 
 def built_in_inference(models):
@@ -123,7 +124,8 @@ def check_built(models, updates):
              f"`{layer.name}`, so it is fine-tuned in training mode (BatchNormalization "
              "statistics move, Dropout is on). Fix: if it is a frozen feature extractor, set "
              f"`{layer.name}.trainable = False` before building the Trainer; if fine-tuning is "
-             "meant, pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning)
+             "meant, pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning,
+             section="inference-mode")
 
 
 def check_frozen_batchnorm(models):
@@ -145,4 +147,5 @@ def check_frozen_batchnorm(models):
                  "never computed (mean 0 and variance 1, their initial values): it does not "
                  "normalise its input. Fix: load the pretrained weights (or train it) before "
                  f"freezing it, or leave `{layer.name}` trainable so its statistics follow "
-                 "the data.", CorrectnessWarning)
+                 "the data.", CorrectnessWarning,
+                 section="inference-mode")

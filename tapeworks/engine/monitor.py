@@ -198,7 +198,7 @@ class MonitorReport:
                      "loss term that grows without bound (log of ~0, division by a small "
                      "number), or bad samples. Fix: clip (`clip_norm=`), lower the learning "
                      "rate or warm it up, and check the batches around this step.",
-                     CorrectnessWarning)
+                     CorrectnessWarning, section="gradient-monitor")
             elif norm < median / EXPLODE_FACTOR and (layer, "vanish") not in self._warned:
                 self._warned.add((layer, "vanish"))
                 warn(f"tapeworks: the gradient norm of layer {layer!r} vanished at step {step}: "
@@ -206,7 +206,8 @@ class MonitorReport:
                      f"({median:.3g}). Likely causes: saturated activations (sigmoid/tanh), "
                      "units that stopped firing, or a learning-rate schedule that decayed to "
                      "~0. Fix: check the activations' range and the schedule; normalisation "
-                     "or residual connections keep gradients flowing.", CorrectnessWarning)
+                     "or residual connections keep gradients flowing.", CorrectnessWarning,
+                     section="gradient-monitor")
 
 
 class MonitorSchedule:

@@ -195,7 +195,8 @@ class NonFinitePolicy:
         text = message(report)
         if self.stop_training:
             # Keras' TerminateOnNaN stops training without an error; so does this.
-            warn(f"tapeworks: {text} Training stopped (TerminateOnNaN).", CorrectnessWarning)
+            warn(f"tapeworks: {text} Training stopped (TerminateOnNaN).", CorrectnessWarning,
+                 section="NonFiniteError")
             self.task.model.stop_training = True
             return
         raise NonFiniteError(text, report)
@@ -210,7 +211,7 @@ class NonFinitePolicy:
             warn(f"tapeworks: {count} non-finite step(s) in this fit so far (by step "
                  f"{int(self.counters.step.numpy()) - 1}); their updates were applied "
                  "(on_nonfinite=\"warn\"). Fix: on_nonfinite=\"raise\" names where the "
-                 "values turn non-finite.", CorrectnessWarning)
+                 "values turn non-finite.", CorrectnessWarning, section="NonFiniteError")
 
 
 def localise(task, batch, counters, *, step, epoch, batch_index, directory=None):

@@ -155,7 +155,8 @@ class RetraceWatch:
                "vary, or `reduce_retracing=True`")
         self.reported.append(Retrace(name, where, traces, found))
         warn(f"tapeworks: the tf.function `{name}` ({where}) traced again during fit "
-             f"({traces} traces so far): {said}. Fix: {fix}.", PerformanceWarning)
+             f"({traces} traces so far): {said}. Fix: {fix}.", PerformanceWarning,
+             section="retracing")
 
 
 def _arguments(python_function, args, kwargs):

@@ -24,3 +24,40 @@ def test_messages_end_with_their_pointer_and_keep_their_text():
     assert str(CheckpointError("No checkpoint loads.")).endswith("troubleshooting#CheckpointError)")
     # A class the guide does not list has no pointer, rather than a broken one.
     assert str(UnsafeGraphError("WriteFile in the init op.")) == "WriteFile in the init op."
+
+
+def _anchors():
+    with open(PAGE, encoding="utf-8") as f:
+        return set(re.findall(r"\{#([A-Za-z0-9_-]+)\}", f.read()))
+
+
+def test_every_warning_points_to_a_section_the_guide_has():
+    # The sections named at tapeworks' warn() calls, and the categories' defaults.
+    package = os.path.join(os.path.dirname(__file__), "..", "..", "tapeworks")
+    named = set(errors.WARNING_SECTIONS.values())
+    for folder, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    named |= set(re.findall(r'section="([A-Za-z0-9_-]+)"', f.read()))
+    assert "dead-gradients" in named and "setup-mistakes" in named
+    assert named <= _anchors(), named - _anchors()
+
+
+def test_a_warning_ends_with_its_pointer_once():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        errors.warn("tapeworks: a helper is trainable. Fix: freeze it.",
+                    errors.CorrectnessWarning)
+        errors.warn("tapeworks: a retrace. Fix: fixed shapes.", errors.PerformanceWarning,
+                    section="retracing")
+        errors.warn("TD004: no prefetch (see docs: data-checks#TD004)", errors.PerformanceWarning)
+    assert [str(w.message) for w in caught] == [
+        "tapeworks: a helper is trainable. Fix: freeze it. "
+        "(see docs: troubleshooting#CorrectnessWarning)",
+        "tapeworks: a retrace. Fix: fixed shapes. (see docs: troubleshooting#retracing)",
+        "TD004: no prefetch (see docs: data-checks#TD004)"]
+    # Attributed to the caller's line, here.
+    assert all(w.filename == __file__ for w in caught)
