@@ -52,6 +52,7 @@ LAYERS = {
     "tapeworks.engine.callback_bridge": 0,
     "tapeworks.engine.progress": 0,
     "tapeworks.engine.autotune": 0,
+    "tapeworks.engine.plan_terms": 0,
     "tapeworks.engine.plan_cache": 0,
     "tapeworks.engine.inputs": 0,
     "tapeworks.engine.input_planner": 0,

@@ -177,7 +177,7 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
         if not verdict.passed:
             flatbuffer, kept = _localise_and_repair(
                 serving, examples, quantize, verdict, strict, judge_in_this_process,
-                serving.output_layers(list(reference)))
+                serving.output_layers(list(reference)), inputs)
             _write(partial, flatbuffer)
             measured, verified_in, verdict = verify()
             if not verdict.passed:   # passed in this process: the runtimes disagree
@@ -201,10 +201,17 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
 
 
 def _localise_and_repair(serving, examples, quantize, verdict, strict, judge_candidate,
-                         output_layers):
+                         output_layers, inputs):
     """(flatbuffer, LayerErrors kept in float) of a repaired int8 model, or an ExportError."""
+    if quantize not in ("int8", None):
+        # No int8 calibration for the debugger: each layer's output against
+        # the float32 model's instead; nothing to repair by keeping ops float.
+        preprocessing = serving.preprocessing_layer_names()
+        order = serving.layer_order()
+        layers = quantisation.localise_drift(
+            litert.activation_drift(serving, quantize, inputs), order, preprocessing)
+        raise ExportError(quantisation.refusal(quantize, verdict, layers, strict))
     if quantize != "int8":
-        # The debugger's per-op comparison needs int8's calibration.
         raise ExportError(quantisation.refusal(quantize, verdict, [], strict))
     calibration = litert.Int8Calibration(serving, examples)
     layers = quantisation.localise(calibration, {layer.name for layer in serving.layers()},

@@ -204,3 +204,81 @@ def _calibrated_name(key, names):
     if quantised[:-1] in names and quantised[-1:].isdigit():
         return quantised[:-1]
     return quantised
+
+
+def activation_drift(serving, quantize, inputs):
+    """How far each intermediate tensor of the `quantize` model is from the float32 model's.
+
+    For float16 and dynamic-range models, which have no int8 calibration for
+    the QuantizationDebugger to measure: both flatbuffers run on the
+    verification `inputs` ({signature input name: array}) with every tensor
+    kept, and each activation (a tensor whose first dimension is the batch's:
+    it is told from a weight by running the float model on one row fewer)
+    that both models hold in float is compared by name, channel by channel
+    (its last axis): a channel whose values all collapsed reads 100% however
+    large its neighbours (a channel that barely varies is measured against
+    the tensor's median channel).
+
+    Returns [{"tensor", "relative", "error", "spread"}]: the worst channel's
+    rms error against that channel's spread about its mean (inf where the
+    quantised values are not finite), and that channel's two figures.
+    """
+    reference_fb, quantised_fb = convert(serving, None, None), convert(serving, quantize, None)
+    rows = len(next(iter(inputs.values())))
+    reference = _all_tensors(reference_fb, inputs)
+    shorter = _all_tensors(reference_fb, {k: v[:rows - 1] for k, v in inputs.items()})
+    quantised = _all_tensors(quantised_fb, inputs)
+    drift = []
+    for name, value in reference.items():
+        other = quantised.get(name)
+        fewer = shorter.get(name)
+        if (other is None or fewer is None or value.dtype.kind != "f"
+                or other.dtype.kind != "f" or other.shape != value.shape or value.ndim == 0
+                or value.shape[0] != rows or fewer.shape[:1] != (rows - 1,)):
+            continue
+        drift.append(dict(tensor=name, **_worst_channel(value, other)))
+    return drift
+
+
+def _worst_channel(reference, quantised):
+    channels = reference.shape[-1] if reference.ndim > 1 else 1
+    reference = reference.reshape(-1, channels).astype(np.float64)
+    quantised = quantised.reshape(-1, channels).astype(np.float64)
+    if not np.all(np.isfinite(quantised)):
+        return {"relative": float("inf"), "error": float("inf"),
+                "spread": float(np.max(np.std(reference, axis=0)))}
+    error = np.sqrt(np.mean((quantised - reference) ** 2, axis=0))
+    spread = np.std(reference, axis=0)
+    # A channel that barely varies in float (a unit that seldom fires) is
+    # measured against the tensor's median channel instead: rounding its
+    # inputs moves it by their steps, not by its own spread.
+    typical = float(np.median(spread)) or float(np.mean(np.abs(reference))) or 1.0
+    scale = np.maximum(spread, typical)
+    worst = int(np.argmax(error / scale))
+    return {"relative": float(error[worst] / scale[worst]), "error": float(error[worst]),
+            "spread": float(spread[worst])}
+
+
+def _all_tensors(flatbuffer, inputs):
+    """{tensor name: value} of every tensor after one run of `flatbuffer` on `inputs`."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with warnings.catch_warnings():
+        # Keeping every tensor costs memory: here that is the point, on one batch.
+        warnings.simplefilter("ignore", UserWarning)
+        interpreter = Interpreter(model_content=flatbuffer,
+                                  experimental_preserve_all_tensors=True)
+    details = interpreter.get_signature_runner("serving_default").get_input_details()
+    for name, detail in details.items():
+        interpreter.resize_tensor_input(detail["index"], inputs[name].shape)
+    interpreter.allocate_tensors()
+    for name, detail in details.items():
+        interpreter.set_tensor(detail["index"], inputs[name])
+    interpreter.invoke()
+    values = {}
+    for detail in interpreter.get_tensor_details():
+        try:
+            values[detail["name"]] = interpreter.get_tensor(detail["index"])
+        except ValueError:   # a tensor with no data (a resource, an optional input)
+            continue
+    return values

@@ -17,6 +17,15 @@ import dataclasses
 import math
 import re
 
+# What makes a float16 or dynamic-range layer depart from float32, for the refusal.
+CAUSES = {
+    "float16": "a weight or an activation beyond float16's range (65,504), or values that "
+               "need more than its 11 bits of precision (a large sum of nearly equal terms).",
+    "dynamic": "its inputs are quantised to int8 as it runs, per batch: input features of "
+               "very different scales (one a thousand times the rest) leave the others a "
+               "step or none (normalise them first); its int8 weights lose the small ones "
+               "beside a weight far larger than the rest of its channel."}
+
 REPAIR_TRIES = 8   # candidate models tried (1, 2, ... of the worst ops in float) before refusing
 
 
@@ -94,6 +103,75 @@ def layer_of(tensor, layer_names):
     return f"tensor {tensor}"
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerDrift:
+    """Where a float16 or dynamic-range model departs from float32: one layer's output."""
+
+    layer: str
+    tensor: str            # its output tensor in the LiteRT model
+    relative: float        # the worst channel's rms error against that channel's spread
+    error: float
+    spread: float
+    before: float          # the largest `relative` of any layer that runs before it
+    preprocessing: bool
+
+    @property
+    def added(self):
+        """How much more than any earlier layer's output this one's departs."""
+        if not math.isfinite(self.relative):
+            return math.inf if math.isfinite(self.before) else 0.0
+        return max(self.relative - self.before, 0.0)
+
+    def __str__(self):
+        where = ", preprocessing" if self.preprocessing else ""
+        if not math.isfinite(self.relative):
+            return f"{self.layer}{where}: its output holds NaN or Inf"
+        return (f"{self.layer}{where}: its output's worst channel is off by an rms "
+                f"{self.error:.3g}, {self.relative:.0%} of that channel's spread "
+                f"({self.spread:.3g}); before it, at most {self.before:.0%}")
+
+
+def localise_drift(drift, layer_order, preprocessing_names):
+    """[LayerDrift] from `litert.activation_drift`: the layers that add to it, in the order they run.
+
+    `layer_order`: the layers' names in the order they run. A layer's
+    output is the worst of the tensors named after it; what it adds is how
+    far that exceeds every earlier layer's (a layer downstream of a broken
+    one inherits its error and adds nothing). Layers that add nothing are
+    left out.
+    """
+    known = set(layer_order)
+    by_layer = {}
+    for row in drift:
+        layer = layer_of(row["tensor"], known)
+        if layer in known and (layer not in by_layer
+                               or _worse(row["relative"], by_layer[layer]["relative"])):
+            by_layer[layer] = row
+    found, before = [], 0.0
+    for layer in layer_order:
+        row = by_layer.get(layer)
+        if row is None:
+            continue
+        entry = LayerDrift(layer=layer, tensor=row["tensor"], relative=row["relative"],
+                           error=row["error"], spread=row["spread"], before=before,
+                           preprocessing=layer in preprocessing_names)
+        if entry.added > 0:
+            found.append(entry)
+        if _worse(row["relative"], before):
+            before = row["relative"]
+    if not found:
+        return []
+    # Rounding everywhere adds a little at every layer: name the ones that
+    # add at least a tenth of what the worst adds, in the order they run
+    # (the first is where the departure starts).
+    worst = max(entry.added for entry in found)
+    return [entry for entry in found if entry.added >= worst / 10]
+
+
+def _worse(a, b):
+    return (not math.isfinite(a) and math.isfinite(b)) or a > b
+
+
 def repair(calibration, layers, judge_candidate, tries=REPAIR_TRIES):
     """An int8 model that passes with the fewest layers in float that this search finds.
 
@@ -159,6 +237,14 @@ def refusal(quantize, verdict, layers, strict, kept=None, last=None):
     """
     head = (f"The {quantize} LiteRT model is too far from the model: {verdict.problem}. "
             "Nothing was left at the path.")
+    if layers and quantize != "int8":
+        closer = ", or \"float16\" (closer to float)" if quantize == "dynamic" else ""
+        return (head + "\nWhere it departs from the float32 model (each layer's output "
+                "against the float32 model's, on the verification inputs, in the order the "
+                f"layers run):\n{table(layers)}"
+                f"\nFix: quantize=None (float32){closer}; or quantize=\"int8\" with "
+                "representative_data, which keeps the layers that lose the accuracy in "
+                f"float32; or look at the first of those layers: {CAUSES[quantize]}")
     if not layers:
         if quantize != "int8":
             closer = ", or \"float16\" (closer to float)" if quantize == "dynamic" else ""

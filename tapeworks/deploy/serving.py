@@ -73,6 +73,12 @@ class Serving:
                                 if isinstance(self.preprocessing, keras.layers.Layer) else [])
         return [layer for part in parts for layer in part._flatten_layers(include_self=True)]
 
+    def layer_order(self):
+        """The names of `layers()` in the order they run: the preprocessing's first."""
+        first = set(self.preprocessing_layer_names())
+        names = [layer.name for layer in self.layers()]
+        return [n for n in names if n in first] + [n for n in names if n not in first]
+
     def output_layers(self, output_names):
         """{output name: the model's layer that computes it}, where the model says.
 

@@ -53,6 +53,9 @@ import statistics
 
 from tapeworks.engine import call_timing
 from tapeworks.engine.call_timing import MIN_ROUNDS
+# The planner's vocabulary; `autotune.Choice` and `autotune.describe` stay its names here.
+from tapeworks.engine.plan_terms import (CHOSEN, FIRST, HOLD, TIMED, WARM, Choice,  # noqa: F401
+                                         PlannedCall, describe)
 
 PROBE_STEPS = 8          # the least second number of steps per call probed
 PROBE_SECONDS = 0.02     # ... raised until such a call lasts about this long
@@ -70,36 +73,6 @@ XLA_BEST_SAVING = 0.6    # the most of tf.function's step time an XLA mode is ex
 START_OVER_UPDATE = 3.5  # whole-step XLA's start / the XLA update's (measured at most 3.2:
                          # see `_predicted_start`)
 TRY_BUDGET = 0.1         # trying XLA modes may cost at most this share of the remaining time
-
-FIRST, WARM, TIMED, CHOSEN, HOLD = "first", "warm", "timed", "chosen", "hold"
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedCall:
-    """One call: XLA or not, how many steps, and what the call is for."""
-
-    jit: object   # False, True or "update"
-    steps: int
-    kind: str = TIMED
-    attempt: int = 0
-
-    @property
-    def first(self):
-        return self.kind == FIRST
-
-
-@dataclasses.dataclass
-class Choice:
-    jit_compile: object   # False, True or "update"
-    steps_per_call: int
-    reason: str
-    # The rate the measurements predict for this choice (None where it was
-    # not chosen by measuring: fixed, adopted from the cache, a fallback).
-    expected_samples_per_s: float = None
-
-
-# Full calls of the chosen mode kept to report what fit achieves with it.
-ACHIEVED_CALLS = 64
 
 
 class CallPlanner:
@@ -134,7 +107,7 @@ class CallPlanner:
                               else [self._fixed_steps])
         self._calls = {}          # jit -> [(steps, samples, seconds)] of full timed calls
         self._checks = {}         # (jit, steps) -> [seconds per sample] while verifying
-        self._achieved = []       # samples/s of the chosen mode's last full calls
+        self._achieved = call_timing.RecentRates()   # the chosen mode's full calls in fit
         self._start_seconds = {}  # jit -> seconds of its first and first loop calls
         self._reference_batch = None
         # A hard cap from the caller (captures every k steps), never lifted.
@@ -265,9 +238,9 @@ class CallPlanner:
         """Records a finished call of `probe` that asked for `requested` steps."""
         self.steps_trained += ran
         if self.choice is not None:
-            if (probe.jit == self.choice.jit_compile and ran == requested
-                    == self.choice.steps_per_call and seconds > 0):
-                self._achieved = self._achieved[1 - ACHIEVED_CALLS:] + [samples / seconds]
+            if (probe.jit == self.choice.jit_compile
+                    and ran == requested == self.choice.steps_per_call):
+                self._achieved.add(samples, seconds)
             return
         if probe.kind == HOLD:
             if self.remaining_steps is not None:
@@ -359,13 +332,10 @@ class CallPlanner:
             "measured": measured,
             "start_seconds": {str(k): v for k, v in self._start_seconds.items()},
             "checked_against_baseline": checks,
-            # What the choice was expected to run at, and what its full calls
-            # in fit have run at since (their median; seconds with the host's
-            # work for each call: callbacks, progress, checkpoints' bookkeeping).
+            # Expected for the choice, and achieved by its calls in fit since.
             "expected_samples_per_s": self.choice.expected_samples_per_s if self.choice else None,
-            "achieved_samples_per_s": (statistics.median(self._achieved)
-                                       if self._achieved else None),
-            "achieved_calls": len(self._achieved),
+            "achieved_samples_per_s": self._achieved.median(),
+            "achieved_calls": self._achieved.count,
             "waiting_to_try": [describe(m) for m in self._deferred],
             "steps_of_earlier_runs": self.steps_before,
             "notes": list(self.notes),
@@ -579,9 +549,7 @@ class CallPlanner:
                 1.0 / fallback[0] if fallback else None)
         else:
             self.choice = self._candidate
-            if chosen is not None:
-                # The check's calls ran what fit will run: the choice at its
-                # steps per call, whole.
+            if chosen is not None:   # the check's calls ran the choice as fit will
                 self.choice.expected_samples_per_s = 1.0 / chosen
         # Checked: a mode reconsidered later is timed again, not checked.
         self._candidate = None
@@ -609,9 +577,3 @@ class CallPlanner:
         estimate = call_timing.estimate(self._calls.get(mode), self._reference_batch,
                                         self._fixed_steps, self._max_steps)
         return None if estimate is None else (estimate[0], Choice(mode, estimate[1], ""))
-
-
-def describe(mode):
-    """Words for an execution mode, for logs and reports."""
-    return {False: "tf.function", True: "XLA",
-            "update": "tf.function with an XLA-fused update"}[mode]

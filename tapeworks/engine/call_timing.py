@@ -73,3 +73,27 @@ def estimate(calls, batch, fixed_steps, max_steps):
     steps = math.ceil(overhead / (OVERHEAD_SHARE * step)) if overhead > 0 else 1
     steps = max(1, min(steps, max_steps, max(1, int(MAX_SECONDS_PER_CALL / step))))
     return (step + overhead / steps) / batch, steps
+
+
+class RecentRates:
+    """Samples per second of the last `keep` calls, for "what fit achieves" in a report.
+
+    Each call's seconds include the host's work for it (callbacks, the
+    progress bar, checkpoints' bookkeeping: `CallLoop.run_epoch`), as the
+    planner's measuring calls' do, so the two describe the same thing.
+    """
+
+    def __init__(self, keep=64):
+        self.keep = keep
+        self.rates = []
+
+    def add(self, samples, seconds):
+        if seconds > 0:
+            self.rates = self.rates[1 - self.keep:] + [samples / seconds]
+
+    @property
+    def count(self):
+        return len(self.rates)
+
+    def median(self):
+        return statistics.median(self.rates) if self.rates else None
