@@ -63,8 +63,15 @@ class TimeBudget(keras.callbacks.Callback):
             shares.append(self.steps_done / self.steps)
         return min(1.0, max(shares))
 
-    def on_train_begin(self, logs=None):
+    def start_clock(self):
+        """Starts the budget now, before `fit` is called: its set-up (the data checks, the
+        Trainer's first decisions) is spent from the budget too, as the user waits for it.
+        Without it the clock starts at `on_train_begin`."""
         self._start = time.perf_counter()
+
+    def on_train_begin(self, logs=None):
+        if self._start is None:
+            self._start = time.perf_counter()
         self.optimizer.learning_rate = self.learning_rate
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -51,3 +51,22 @@ def test_seconds_budget_stops_training_mid_epoch():
 def test_a_budget_needs_a_length():
     with pytest.raises(ValueError, match="needs `seconds` or `steps`"):
         TimeBudget(keras.optimizers.Adam(0.01), 0.01)
+
+
+def test_a_clock_started_before_fit_counts_the_set_up_too():
+    # Started a whole budget before fit: spent when the first call ends,
+    # where the same budget started at on_train_begin would still be running.
+    import time
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam(0.01)
+    budget = TimeBudget(optimizer, 0.01, seconds=0.05, verbose=False)
+    budget.start_clock()
+    time.sleep(0.06)
+    trainer = tapeworks.Trainer(model, optimizer, "mse", jit_compile=False, steps_per_call=2,
+                                seed=0)
+    trainer.fit(x, x.sum(axis=1, keepdims=True), batch_size=8, epochs=50, verbose=0,
+                callbacks=[budget])
+    assert budget.steps_done == 2 and budget.elapsed >= 0.06
