@@ -81,8 +81,9 @@ def gradient_sentinels(gradients, xla=False):
     one, all 16 partial sums are exactly 0.0, on every step of a
     dead-gradient window (`DeadGradients`), which a gradient that is not zero
     does not do: interleaving breaks the cancellations one sum could meet
-    (values that alternate in sign, rows centred on zero, the two biases of a
-    two-class softmax).
+    (values that alternate in sign, rows centred on zero), and a small
+    gradient, where exact cancellation is likely (the two biases of a
+    two-class softmax), sums magnitudes instead.
     """
     if not xla:
         return gradient_norms(gradients)
