@@ -111,7 +111,7 @@ class CompiledSteps:
 
     def step(self, kind, mode, *, monitored=False, checks_finite=True):
         """One compiled step ("train" or "test") on one batch."""
-        if self.task.own_train_step:
+        if self.task.own_train_step if kind == "train" else self.task.own_test_step:
             return self._cached(StepKey(kind + "_step", mode, monitored, checks_finite),
                                 lambda: self._own_step(kind, mode, checks_finite))
 

@@ -37,6 +37,13 @@ def has_own_train_step(model):
     return overrides(model, "train_step")
 
 
+def task_class(model):
+    """The Task for a Keras model: `ModelStepTask` when it overrides a step, else SupervisedTask."""
+    if any(overrides(model, name) for name in STEPS):
+        return ModelStepTask
+    return task_lib.SupervisedTask
+
+
 def check_options(options):
     """Raises `ConfigError` for a Trainer option a custom `train_step` cannot honour.
 
@@ -165,21 +172,26 @@ class OwnLogs:
 
 
 class ModelStepTask(task_lib.SupervisedTask):
-    """A compiled Keras model whose own `train_step` (and `test_step`, `predict_step`) run.
+    """A compiled Keras model that overrides `train_step`, `test_step` or `predict_step`.
 
-    Its update is declared as the model's compiled optimizer over its
-    trainable variables (for the checkpoint and the callbacks that read
-    `model.optimizer`); the step applies whatever optimizers it holds.
+    With its own `train_step`, that step trains (and Keras' or its own
+    `test_step` evaluates); its update is declared as the model's compiled
+    optimizer over its trainable variables (for the checkpoint and the
+    callbacks that read `model.optimizer`), the step applies whatever
+    optimizers it holds. Without, tapeworks' own step trains, and only the
+    overridden `test_step`/`predict_step` replace tapeworks' own.
     """
-
-    own_train_step = True
 
     def __init__(self, model, optimizer=None, loss=None, metrics=None, loss_weights=None,
                  weighted_metrics=None):
         super().__init__(model, optimizer, loss, metrics, loss_weights, weighted_metrics)
-        # The step applies `model.optimizer` as compiled, a LossScaleOptimizer
-        # included (SupervisedTask takes the inner one: it scales itself).
-        self._updates[0] = task_lib.Update("model", "loss", [model], model.optimizer)
+        self.own_train_step = has_own_train_step(model)
+        self.own_test_step = self.own_train_step or overrides(model, "test_step")
+        self.own_predict_step = overrides(model, "predict_step")
+        if self.own_train_step:
+            # The step applies `model.optimizer` as compiled, a LossScaleOptimizer
+            # included (SupervisedTask takes the inner one: it scales itself).
+            self._updates[0] = task_lib.Update("model", "loss", [model], model.optimizer)
         self.logs = OwnLogs(model)
 
     def build_steps(self, element_spec):
@@ -199,12 +211,21 @@ class ModelStepTask(task_lib.SupervisedTask):
     def check_data(self, element_spec, name, needs_targets=True, arrays=None):
         # The model's own step reads its batches as it likes (x alone, (x, y),
         # a dict): nothing here knows what it expects.
-        pass
+        if not self.own_train_step:
+            super().check_data(element_spec, name, needs_targets, arrays)
 
     def metric_results(self):
+        if not self.own_train_step:
+            return super().metric_results()
         return self.logs.results("train")
 
     def predict_step(self, batch):
+        if not self.own_predict_step:
+            return super().predict_step(batch)
+        if not self.own_train_step and isinstance(batch, tuple) and len(batch) == 1 \
+                and not isinstance(batch[0], (list, tuple)):
+            # Batched as tapeworks' own step takes them, (x,): Keras gives x.
+            batch = batch[0]
         return self.network.predict_step(batch)
 
 

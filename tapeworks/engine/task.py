@@ -156,6 +156,9 @@ class Task:
     # True for a Keras model whose own `train_step` runs as the step
     # (`model_step.ModelStepTask`): the step applies its updates itself.
     own_train_step = False
+    # True where the model's `test_step` (its own, or Keras' with its own
+    # `train_step`) runs as the test step; its logs are `logs.results("test")`.
+    own_test_step = False
 
     def __init__(self):
         self._updates = []

@@ -212,9 +212,8 @@ class Trainer(evaluation.EvaluateAndPredict):
             own = model_step.has_own_train_step(model)   # Keras' way to customise fit
             self.precision = (model_step if own else config_lib).resolve_precision(
                 first_model, precision)
-            self.task = model if isinstance(model, task_lib.Task) else (
-                model_step.ModelStepTask if own else task_lib.SupervisedTask)(
-                model, optimizer, loss, metrics, loss_weights, weighted_metrics)
+            self.task = model if isinstance(model, task_lib.Task) else model_step.task_class(
+                model)(model, optimizer, loss, metrics, loss_weights, weighted_metrics)
             for member in self.task.models:
                 self.precision.apply_to(member)
             self.model = self.task.model

@@ -269,7 +269,7 @@ class TrainingState:
 
     def results(self):
         """The running losses and metrics (graph ops inside a step function)."""
-        if self.task.own_train_step:
+        if self.task.own_test_step:
             return self.task.logs.results("test")
         return step.collect_logs(self.loss_trackers, self.task, self.precision)
 
@@ -277,7 +277,7 @@ class TrainingState:
         if self.task.own_train_step:
             logs = self.task.logs.results("train")
         else:
-            logs = self.results()
+            logs = step.collect_logs(self.loss_trackers, self.task, self.precision)
         logs.update(self.guard.logs())
         return logs
 

@@ -252,3 +252,43 @@ def test_a_finite_own_step_gets_no_warning(recwarn):
     tapeworks.Trainer(regressor(), jit_compile=False).fit(
         X, Y, batch_size=4, epochs=2, verbose=0)
     assert [str(w.message) for w in recwarn if "tapeworks" in str(w.message)] == []
+
+
+class OwnEvaluation(keras.Model):
+    """Keras' train_step, its own test_step and predict_step."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, kernel_initializer="ones")
+        self.error = keras.metrics.Mean(name="abs_error")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def test_step(self, data):
+        x, y = data
+        self.error.update_state(tf.reduce_mean(tf.abs(self(x) - y)))
+        return {"abs_error": self.error.result()}
+
+    def predict_step(self, data):
+        return self(data) + 100.0
+
+
+def test_own_test_and_predict_steps_with_keras_train_step_keep_tapeworks_step():
+    def make():
+        model = OwnEvaluation()
+        model.compile(keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
+    reference, model = make(), make()
+    expected = reference.fit(X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+                             validation_data=(X[:8], Y[:8]))
+    # tapeworks' own step trains (its options apply); evaluation is the model's.
+    trainer = tapeworks.Trainer(model, jit_compile=False, steps_per_call=2, clip_norm=100.0)
+    history = trainer.fit(X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+                          validation_data=(X[:8], Y[:8]))
+    assert_history_equal(expected, history)
+    np.testing.assert_allclose(trainer.evaluate(X, Y, verbose=0),
+                               reference.evaluate(X, Y, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(trainer.predict(X, verbose=0), reference.predict(X, verbose=0),
+                               rtol=1e-6)
