@@ -201,8 +201,17 @@ class ModelStepTask(task_lib.SupervisedTask):
         tracing its train function (the model, its optimizers' slots, the
         compiled metrics). The trace runs nothing: no update is applied.
         """
+        if not self._unbuilt():
+            return
         tf.function(self._traced_train_step).get_concrete_function(element_spec)
         self.reset_metrics()
+
+    def _unbuilt(self):
+        """What only a trace can build: layers, compiled losses or metrics not built yet."""
+        model = self.network
+        compiled = [getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)]
+        return (not all(layer.built for layer in model._flatten_layers(include_self=False))
+                or any(part is not None and not part.built for part in compiled))
 
     def _traced_train_step(self, batch):
         self.logs.keep("train", self.network.train_step(batch))
