@@ -155,11 +155,11 @@ class OwnLogs:
                 with tf.init_scope():
                     # Created eagerly even while the step traces: the loop
                     # that reads it is the same graph on every call.
-                    shape = value.shape if value.shape.is_fully_defined() else None
-                    kept[key] = tf.Variable(tf.zeros(value.shape if shape else [],
-                                                     value.dtype),
-                                            shape=shape, trainable=False,
-                                            name=f"{kind}_logs_{len(kept)}")
+                    # A log whose shape varies (per batch) gets a variable of any shape.
+                    known = value.shape.is_fully_defined()
+                    kept[key] = tf.Variable(tf.zeros(value.shape if known else [], value.dtype),
+                                            shape=value.shape if known else tf.TensorShape(None),
+                                            trainable=False, name=f"{kind}_logs_{len(kept)}")
             kept[key].assign(value)
 
     def results(self, kind):

@@ -292,3 +292,29 @@ def test_own_test_and_predict_steps_with_keras_train_step_keep_tapeworks_step():
                                reference.evaluate(X, Y, verbose=0), rtol=1e-6)
     np.testing.assert_allclose(trainer.predict(X, verbose=0), reference.predict(X, verbose=0),
                                rtol=1e-6)
+
+
+class PerSampleLogs(Regressor):
+    """Logs Keras' fit passes on as they are: a constant and a per-sample vector."""
+
+    def train_step(self, data):
+        super().train_step(data)
+        x, y = data
+        return {"constant": 10.0, "errors": tf.reshape(tf.abs(self(x) - y), [-1])}
+
+
+def test_logs_of_any_shape_are_the_last_steps_as_in_keras():
+    def make():
+        model = PerSampleLogs()
+        model.compile(keras.optimizers.SGD(0.1))
+        return model
+
+    reference, model = make(), make()
+    expected = reference.fit(X[:22], Y[:22], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    history = tapeworks.Trainer(model, jit_compile=False, steps_per_call=3).fit(
+        X[:22], Y[:22], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert history.history["constant"] == expected.history["constant"] == [10.0]
+    # The last batch has 2 samples: its errors, as Keras reports them.
+    np.testing.assert_allclose(history.history["errors"][0], expected.history["errors"][0],
+                               rtol=1e-5)
+    assert np.shape(history.history["errors"][0]) == (2,)
