@@ -318,3 +318,13 @@ def test_logs_of_any_shape_are_the_last_steps_as_in_keras():
     np.testing.assert_allclose(history.history["errors"][0], expected.history["errors"][0],
                                rtol=1e-5)
     assert np.shape(history.history["errors"][0]) == (2,)
+
+
+def test_warn_counts_a_non_finite_loss_of_an_own_step_and_trains_on():
+    model = Exploding()
+    model.compile(keras.optimizers.SGD(0.1))
+    trainer = tapeworks.Trainer(model, jit_compile=False, steps_per_call=4, on_nonfinite="warn")
+    with pytest.warns(tapeworks.CorrectnessWarning, match="1 non-finite step"):
+        history = trainer.fit(X, Y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert history.history["nonfinite_steps"] == [1]
+    assert int(model.optimizer.iterations.numpy()) == 6
