@@ -184,6 +184,15 @@ class ModelStepTask(task_lib.SupervisedTask):
 
     def __init__(self, model, optimizer=None, loss=None, metrics=None, loss_weights=None,
                  weighted_metrics=None):
+        if has_own_train_step(model) and optimizer is not None \
+                and not getattr(model, "compiled", False):
+            # Its own step needs no compiled loss (a VAE's is in the step):
+            # Keras compiles it with an optimizer alone, and so does this.
+            given = dict(loss=loss, metrics=metrics, loss_weights=loss_weights,
+                         weighted_metrics=weighted_metrics)
+            model.compile(optimizer=optimizer,
+                          **{name: value for name, value in given.items() if value is not None})
+            optimizer = loss = metrics = loss_weights = weighted_metrics = None
         super().__init__(model, optimizer, loss, metrics, loss_weights, weighted_metrics)
         self.own_train_step = has_own_train_step(model)
         self.own_test_step = self.own_train_step or overrides(model, "test_step")

@@ -328,3 +328,12 @@ def test_warn_counts_a_non_finite_loss_of_an_own_step_and_trains_on():
         history = trainer.fit(X, Y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     assert history.history["nonfinite_steps"] == [1]
     assert int(model.optimizer.iterations.numpy()) == 6
+
+
+def test_an_uncompiled_own_step_model_takes_an_optimizer_alone_as_keras_compile_does():
+    reference, model = Autoencoder(), Autoencoder()
+    reference.compile(keras.optimizers.SGD(0.1))
+    expected = reference.fit(X, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    history = tapeworks.Trainer(model, keras.optimizers.SGD(0.1), jit_compile=False).fit(
+        X, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    assert_history_equal(expected, history)
