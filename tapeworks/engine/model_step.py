@@ -149,7 +149,7 @@ class OwnLogs:
         if reads:
             return
         kept = self.kept.setdefault(kind, {})
-        for key, value in logs.items():
+        for key, value in flattened(logs).items():
             value = tf.convert_to_tensor(value)
             if key not in kept:
                 with tf.init_scope():
@@ -169,6 +169,21 @@ class OwnLogs:
         if self.reads_metrics[kind]:
             return self.metric_results()
         return {key: variable.read_value() for key, variable in self.kept[kind].items()}
+
+
+def flattened(logs):
+    """Nested dicts of logs merged into one, as Keras' `pythonify_logs` merges them.
+
+    Keras' documented custom step returns `{m.name: m.result() for m in
+    self.metrics}`, where the compiled metrics' result is itself a dict.
+    """
+    result = {}
+    for key, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            result.update(flattened(value))
+        else:
+            result[key] = value
+    return result
 
 
 class ModelStepTask(task_lib.SupervisedTask):
@@ -258,7 +273,8 @@ def make_train_step(task, counters, guard=None):
         logs = task.network.train_step(batch)
         task.logs.keep("train", logs)
         if guard is not None:
-            losses = [tf.cast(tf.reduce_sum(value), tf.float32) for key, value in logs.items()
+            losses = [tf.cast(tf.reduce_sum(value), tf.float32)
+                      for key, value in flattened(logs).items()
                       if "loss" in key and tf.as_dtype(
                           tf.convert_to_tensor(value).dtype).is_floating]
             if losses:

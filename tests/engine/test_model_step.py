@@ -337,3 +337,38 @@ def test_an_uncompiled_own_step_model_takes_an_optimizer_alone_as_keras_compile_
     history = tapeworks.Trainer(model, keras.optimizers.SGD(0.1), jit_compile=False).fit(
         X, batch_size=6, epochs=1, shuffle=False, verbose=0)
     assert_history_equal(expected, history)
+
+
+class GuideStep(keras.Sequential):
+    """Keras' guide's custom step: compute_loss, optimizer.apply, every metric of the model."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        # The compiled metrics' result is a dict inside the dict: Keras flattens it.
+        return {m.name: m.result() for m in self.metrics}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["tf_function", "xla"])
+def test_keras_guides_custom_step_with_compiled_loss_and_metrics(jit_compile):
+    def make():
+        model = GuideStep([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+        model.compile(keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+        return model
+
+    reference, model = make(), make()
+    expected = reference.fit(X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+                             validation_data=(X[:8], Y[:8]))
+    history = tapeworks.Trainer(model, jit_compile=jit_compile, steps_per_call=2).fit(
+        X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0, validation_data=(X[:8], Y[:8]))
+    assert sorted(history.history) == ["loss", "mae", "val_loss", "val_mae"]
+    assert_history_equal(expected, history, rtol=1e-5 if not jit_compile else 1e-4)
