@@ -40,8 +40,10 @@ class UtilityPrefix:
 # spaces (optional parts for its arguments: targets, labels, shuffle, batch).
 _TIMESERIES = re.compile(r"^TensorDataset RepeatDataset ZipDataset ParallelMapDatasetV2"
                          r"( ZipDataset)? PrefetchDataset( ShuffleDatasetV3)?( BatchDatasetV2)?")
+# (audio_dataset_from_directory batches after its prefetch, padded to the longest clip.)
 _FROM_DIRECTORY = re.compile(r"^TensorSliceDataset ZipDataset( ShuffleDatasetV3)? "
-                             r"ParallelMapDatasetV2( BatchDatasetV2)?( PrefetchDataset)?")
+                             r"ParallelMapDatasetV2( BatchDatasetV2)?( PrefetchDataset)?"
+                             r"( (Padded)?BatchDatasetV2)?")
 _DECODERS = (("audio", {"DecodeWav"}),
              ("image", {"DecodeImage", "DecodeJpeg", "DecodePng", "DecodeBmp", "DecodeGif"}))
 

@@ -67,6 +67,18 @@ def text_folder(tmp_path):
     return str(tmp_path)
 
 
+@pytest.fixture
+def audio_folder(tmp_path):
+    for label in ("no", "yes"):
+        (tmp_path / label).mkdir()
+        for index in range(3):
+            # Clips of different lengths: the utility pads each batch.
+            clip = tf.random.stateless_uniform((300 + 50 * index, 1), (1, index), -1.0, 1.0)
+            tf.io.write_file(str(tmp_path / label / f"{index}.wav"),
+                             tf.audio.encode_wav(clip, 8000))
+    return str(tmp_path)
+
+
 def images(folder, **options):
     return keras.utils.image_dataset_from_directory(folder, image_size=(6, 6), batch_size=2,
                                                     seed=1, verbose=False, **options)
@@ -99,6 +111,14 @@ def test_from_directory_utilities_have_no_finding_of_their_own(image_folder, tex
     assert utility_of(images(image_folder)) == "keras.utils.image_dataset_from_directory"
     assert utility_of(texts(text_folder)) == "keras.utils.text_dataset_from_directory"
     assert codes(images(image_folder)) == codes(texts(text_folder)) == []
+
+
+def test_audio_from_directory_batches_after_its_prefetch_without_a_finding(audio_folder):
+    for options in ({}, {"output_sequence_length": 400}):
+        dataset = keras.utils.audio_dataset_from_directory(
+            audio_folder, batch_size=2, seed=1, verbose=False, **options)
+        assert utility_of(dataset) == "keras.utils.audio_dataset_from_directory"
+        assert codes(dataset) == []
 
 
 def test_the_users_steps_after_a_utility_are_reported_at_their_call(csv_file):
