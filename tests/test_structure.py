@@ -40,6 +40,7 @@ LAYERS = {
     "tapeworks.engine.replicas": 0,
     "tapeworks.engine.precision": 0,
     "tapeworks.engine.task": 0,
+    "tapeworks.engine.model_step": 0,
     "tapeworks.engine.step": 0,
     "tapeworks.engine.guards": 0,
     "tapeworks.engine.gradient_health": 0,

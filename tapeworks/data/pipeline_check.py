@@ -10,6 +10,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tapeworks.data import utility_pipelines
 from tapeworks.docs_links import see_docs
 
 SHUFFLES = {"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -74,24 +75,49 @@ def check_graph(graph, training=None):
     findings = []
     generator_prefix = _generator_prefix(chain, functions)
 
+    # The first steps a Keras or TensorFlow utility built: the user cannot edit
+    # them, so a finding counts only the user's steps, or says what to pass
+    # at the utility's call.
+    utility = utility_pipelines.find(chain, lambda node: _called_ops(node, functions))
     labels = {node.name: f"step {i} ({node.op})" for i, node in enumerate(chain)}
+    if utility is not None:
+        labels.update({node.name: f"step {i} ({node.op}, inside `{utility.name}`)"
+                       for i, node in enumerate(chain) if utility.holds(i)})
 
     def add(code, message, node, fix):
         findings.append(Finding(code, message, labels[node.name], fix))
+
+    def users(index):
+        return utility is None or not utility.holds(index)
 
     # TD001: prefetch last.
     prefetches = [i for i, op in enumerate(ops) if op == "PrefetchDataset"]
     if not prefetches:
         add("TD001", "the pipeline has no prefetch: the step waits while each batch is made",
             chain[-1], "end with `.prefetch(tf.data.AUTOTUNE)`")
-    elif prefetches[-1] != len(ops) - 1:
+    elif prefetches[-1] != len(ops) - 1 and users(prefetches[-1]):
         add("TD001", f"prefetch is not the last step ({ops[-1]} follows it)", chain[-1],
             "move `.prefetch(tf.data.AUTOTUNE)` to the end")
+    elif prefetches[-1] != len(ops) - 1 and users(len(ops) - 1):
+        # Only the utility's own batching may follow its prefetch (its
+        # expensive map is prefetched); the user's steps after it are not.
+        add("TD001", f"the last prefetch is the one inside `{utility.name}`, and your "
+            f"steps after it ({ops[-1]} last) are not prefetched", chain[-1],
+            "end your pipeline with `.prefetch(tf.data.AUTOTUNE)`, after your last "
+            f"transformation of what `{utility.name}` returns")
     last_batch = None
     random_map = None
     shuffle_seen = None
     for index, node in enumerate(chain):
         op = node.op
+        if not users(index):
+            # The utility's own step: what it does counts (a batch, a shuffle),
+            # not how it is done (its buffer sizes, its maps).
+            if op in BATCHES:
+                last_batch = node
+            elif op in SHUFFLES:
+                shuffle_seen = node
+            continue
         if op in BATCHES:
             last_batch = node
         elif op == "UnbatchDataset":
@@ -128,7 +154,13 @@ def check_graph(graph, training=None):
             chain[-1], "add `.batch(batch_size)` (tapeworks.data.pipeline does)")
     sliced = chain and chain[0].op in IN_MEMORY_SOURCES and not any(
         "Interleave" in op or "FlatMap" in op for op in ops)   # file names, then records
-    if training and sliced and shuffle_seen is None:
+    if training and sliced and shuffle_seen is None and utility is not None:
+        if utility.shuffle_fix:
+            add("TD009", f"`{utility.name}` was called without shuffling: every epoch "
+                "sees its examples in their stored order (sorted by class)", chain[0],
+                f"pass {utility.shuffle_fix} to `{utility.name}`, or `.shuffle(n)` the "
+                "dataset it returns")
+    elif training and sliced and shuffle_seen is None:
         # Examples sliced from memory are in the order they were stored in
         # (often sorted by class or time); files are usually shuffled
         # upstream, and are left alone.
@@ -139,6 +171,16 @@ def check_graph(graph, training=None):
             "True)`)")
     # Correctness first; codes in order within each category.
     return sorted(findings, key=lambda f: (f.category != "correctness", f.code))
+
+
+def built_by(graph):
+    """The `utility_pipelines.UtilityPrefix` that built a pipeline's first steps, or None.
+
+    `graph`: from `dataset_graph`.
+    """
+    functions = {f.signature.name: f for f in graph.library.function}
+    return utility_pipelines.find(pipeline_chain(graph),
+                                  lambda node: _called_ops(node, functions))
 
 
 IN_MEMORY_SOURCES = {"TensorSliceDataset", "TensorDataset", "RangeDataset"}

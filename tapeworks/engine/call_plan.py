@@ -66,11 +66,7 @@ class CallPlan:
                 xla_available=not config.run_eagerly and not config.deterministic
                 and not replicas.is_replicated(self.strategy)
                 and config_lib.supports_xla(self.task.models),
-                # Mixed precision gained most from XLA on the update alone (the
-                # forward and backward ran faster outside XLA); float32 from XLA
-                # on the whole step. The likelier winner is tried first.
-                xla_order=(("update", True) if self.precision.policy != "float32"
-                           else (True, "update")),
+                xla_order=xla_order(self.task, self.precision),
             )
         return self.planner
 
@@ -141,3 +137,15 @@ class CallPlan:
                 saved[0] if config.jit_compile == "auto" else config.jit_compile,
                 saved[1] if config.steps_per_call == "auto" else config.steps_per_call,
                 "kept by the checkpoint, so the resumed run runs the same compiled step"))
+
+
+def xla_order(task, precision):
+    """The XLA modes "auto" tries, likelier winner first.
+
+    Mixed precision gained most from XLA on the update alone (the forward and
+    backward ran faster outside XLA); float32 from XLA on the whole step. A
+    model's own `train_step` applies its update itself: only the whole step.
+    """
+    if task.own_train_step:
+        return (True,)
+    return ("update", True) if precision.policy != "float32" else (True, "update")

@@ -12,7 +12,7 @@ import typing
 
 import tensorflow as tf
 
-from tapeworks.engine import inference_mode, replicas, step, updater
+from tapeworks.engine import inference_mode, model_step, replicas, step, updater
 from tapeworks.engine.traced import Traced
 
 
@@ -111,6 +111,10 @@ class CompiledSteps:
 
     def step(self, kind, mode, *, monitored=False, checks_finite=True):
         """One compiled step ("train" or "test") on one batch."""
+        if self.task.own_train_step if kind == "train" else self.task.own_test_step:
+            return self._cached(StepKey(kind + "_step", mode, monitored, checks_finite),
+                                lambda: self._own_step(kind, mode, checks_finite))
+
         def build():
             split = kind == "train" and self.splits_xla_step(mode, monitored, checks_finite)
             if kind == "train":
@@ -130,6 +134,19 @@ class CompiledSteps:
                 run_eagerly=self.config.run_eagerly or self.replicated)
 
         return self._cached(StepKey(kind + "_step", mode, monitored, checks_finite), build)
+
+    def _own_step(self, kind, mode, checks_finite):
+        """The model's own `train_step` or `test_step`, compiled as Keras compiles it."""
+        guard = self.state.guard
+        if kind == "train":
+            one = model_step.make_train_step(
+                self.task, self.state.counters,
+                guard=guard if checks_finite and guard.policy is not None else None)
+        else:
+            one = model_step.make_test_step(self.task)
+        return step.compile_step(self._count_traces(one, f"{kind}_step"),
+                                 jit_compile=mode is True, autograph=True,
+                                 run_eagerly=self.config.run_eagerly or self.replicated)
 
     def replicated_step(self, kind, mode, *, monitored=False, checks_finite=True):
         """A step on one batch, run on every replica, the batch size summed (`step.replicate`).

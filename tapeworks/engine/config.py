@@ -10,7 +10,7 @@ import re
 
 import keras
 
-from tapeworks.engine import nonfinite
+from tapeworks.engine import model_step, nonfinite
 from tapeworks.engine import precision as precision_lib
 from tapeworks.engine import step
 from tapeworks.engine import task as task_lib
@@ -145,6 +145,10 @@ def from_arguments(model, *, optimizer, loss, metrics, loss_weights, weighted_me
             f"`split_xla_step_bytes` must be None or a number of bytes >= 0. Received: "
             f"split_xla_step_bytes={split!r}. Fix: e.g. 16 * 2**20 splits XLA steps whose "
             "gradients reach 16 MiB; None never splits.")
+    if model_step.has_own_train_step(model):
+        model_step.check_options(options)
+        # Its gradients never pass through tapeworks: nothing to count.
+        options["dead_gradient_steps"] = None
     return TrainerConfig(**options)
 
 

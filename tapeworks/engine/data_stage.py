@@ -181,7 +181,9 @@ class DataStage:
                                   seed=self.seed, class_weight=class_weight, steps=steps,
                                   purpose=purpose, name=name,
                                   # A Task gets from arrays what a dataset of them gives.
-                                  bare_x=not isinstance(self.task, task_lib.SupervisedTask))
+                                  # A model's own steps get Keras' packing.
+                                  bare_x="keras" if self.task.own_train_step else
+                                  not isinstance(self.task, task_lib.SupervisedTask))
         if batch_size is not None and prepared.kind != inputs.ARRAYS \
                 and not batch_size_ignored_quietly:
             # Keras ignores it too; saying so costs nothing.

@@ -128,6 +128,8 @@ def prepare(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, se
             itself, as a dataset of single tensors does, instead of the 1-tuple
             `(x,)` Keras' unpacking expects: a `Task`'s `compute_losses` then
             gets the same batch from arrays and from a dataset. Not for predict.
+            "keras": as Keras packs arrays for every purpose
+            (`keras.utils.pack_x_y_sample_weight`), for a model's own steps.
     """
     if purpose != "predict" and y is None and sample_weight is None and _is_legacy_tuple(x):
         # tapeworks' original `fit((x, y))`: still accepted.
@@ -389,7 +391,11 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
         raise DataSpecError(
             f"`{name}` has 0 samples. Expected at least one. Fix: check the slicing or "
             "filtering that produced it.")
-    if purpose == "predict":
+    if bare_x == "keras":
+        # What Keras' fit and predict give a model's own steps: x alone, unless
+        # it is a list or tuple of inputs ((x,) then), (x, y), (x, y, weights).
+        element = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+    elif purpose == "predict":
         element = (x,)   # (x,): a tuple x of several inputs stays one x
     elif bare_x and y is None and sample_weight is None:
         element = x

@@ -40,7 +40,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.engine import replicas
+from tapeworks.engine import model_step, replicas
 from tapeworks.engine.task import layers_of
 from tapeworks.errors import ConfigError, CorrectnessWarning, TapeworksError, warn
 
@@ -188,6 +188,9 @@ class NonFinitePolicy:
     def stop(self, batch, batch_index):
         """The "raise" policy after a halted call: localise, then raise (or stop)."""
         # The loop stopped right after the bad step: the last one counted.
+        if self.task.own_train_step:
+            self._stop_own_step(batch, batch_index)
+            return
         report = localise(
             self.task, self.local_batch(batch), self.counters,
             step=int(self.counters.step.numpy()) - 1, epoch=int(self.counters.epoch.numpy()),
@@ -200,6 +203,20 @@ class NonFinitePolicy:
             self.task.model.stop_training = True
             return
         raise NonFiniteError(text, report)
+
+    def _stop_own_step(self, batch, batch_index):
+        """A model's own `train_step` halted: its update is applied; its loss logs say what."""
+        step = int(self.counters.step.numpy()) - 1
+        logs = {key: float(np.asarray(value).sum()) for key, value in
+                self.task.logs.results("train").items()}
+        text = model_step.nonfinite_message(
+            logs, step, int(self.counters.epoch.numpy()), batch_index,
+            _save_batch(_named_tensors(self.local_batch(batch)), step, self.directory))
+        if self.stop_training:
+            warn(f"tapeworks: {text} Training stopped (TerminateOnNaN).", CorrectnessWarning)
+            self.task.model.stop_training = True
+            return
+        raise NonFiniteError(text)
 
     def warn(self):
         """The "warn" policy: a warning when more non-finite steps were applied."""

@@ -132,6 +132,7 @@ class RollbackPath:
                 or state.guard is None or not state.guard.blocks_update
                 or self.replicated or state.capture is not None
                 or self.precision.checks_finite or batches is None
+                or state.task.own_train_step
                 or not batches.replayable):
             return False
         if self.snapshot is None:

@@ -225,17 +225,20 @@ def make_predict_step(task):
     return task.predict_step
 
 
-def compile_step(step, *, jit_compile, run_eagerly):
+def compile_step(step, *, jit_compile, run_eagerly, autograph=False):
     """Layer 1: one step on one batch, as a `tf.function` (XLA if asked).
 
-    AutoGraph is off here, as in Keras' own `one_step_on_data`: the step has
-    no Python control flow over tensors, and errors raised while tracing
-    (tapeworks' guards) then reach the caller as they were raised.
+    AutoGraph is off by default: tapeworks' step has no Python control flow
+    over tensors, and errors raised while tracing (tapeworks' guards) then
+    reach the caller as they were raised. A model's own `train_step` is
+    compiled with it, as Keras' `make_train_function` compiles it (its
+    `if`/`for` over tensors become graph control flow).
     """
     if run_eagerly:
         return step
     return tf.function(step if isinstance(step, Traced) else Traced(step),
-                       jit_compile=bool(jit_compile), reduce_retracing=True, autograph=False)
+                       jit_compile=bool(jit_compile), reduce_retracing=True,
+                       autograph=autograph)
 
 
 def replicate(step_fn, strategy, *, run_eagerly, finish=None):

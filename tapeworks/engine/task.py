@@ -37,6 +37,7 @@ class GAN(tapeworks.Task):
 """
 
 import dataclasses
+import inspect
 import threading
 import warnings
 
@@ -68,6 +69,9 @@ class Update:
             Without it, such an overlap is refused: it is usually a GAN's
             generator update listing the stacked model, which then trains the
             discriminator on the generator's loss too.
+        untrained: variables of `trains` left out: they feed only outputs
+            compiled without a loss, so no loss has a gradient for them
+            (Keras' fit skips them too).
     """
 
     name: str
@@ -76,9 +80,10 @@ class Update:
     optimizer: object
     every: int = 1
     shared: bool = False
+    untrained: list = dataclasses.field(default_factory=list)
 
     def variables(self):
-        found, seen = [], set()
+        found, seen = [], {id(v) for v in self.untrained}
         for item in self.trains:
             if isinstance(item, tf.Variable) or hasattr(item, "assign"):
                 candidates = [item]
@@ -147,6 +152,13 @@ class Task:
     `compute_losses`. Optionally override `update_metrics`,
     `metric_results`, `reset_metrics` and `predict_step`.
     """
+
+    # True for a Keras model whose own `train_step` runs as the step
+    # (`model_step.ModelStepTask`): the step applies its updates itself.
+    own_train_step = False
+    # True where the model's `test_step` (its own, or Keras' with its own
+    # `train_step`) runs as the test step; its logs are `logs.results("test")`.
+    own_test_step = False
 
     def __init__(self):
         self._updates = []
@@ -367,8 +379,11 @@ class SupervisedTask(Task):
             # the inner optimizer. `model.optimizer` stays the wrapper, which
             # hands `learning_rate` through to the inner one for callbacks.
             optimizer = optimizer.inner_optimizer
-        self._updates.append(Update("model", "loss", [model], optimizer))
+        self._updates.append(Update("model", "loss", [model], optimizer,
+                                    untrained=only_without_loss(model)))
         self._compiled_as = getattr(model, "_compile_config", None)
+        self._loss_takes_training = (
+            "training" in inspect.signature(model.compute_loss).parameters)
 
     def check_unchanged(self):
         """Raises `ConfigError` when the model was compiled again after the Trainer took it.
@@ -390,8 +405,11 @@ class SupervisedTask(Task):
         y_pred = precision_lib.to_float32(y_pred)
         # Keras' losses already divide by the number of replicas, so the sum
         # of per-replica gradients is the gradient of the global-batch mean.
+        # An override of `compute_loss` written before Keras 3.3 has no
+        # `training`; Keras' fit calls it without, and so does this.
+        given = {"training": training} if self._loss_takes_training else {}
         loss = self.network.compute_loss(x=x, y=y, y_pred=y_pred,
-                                         sample_weight=sample_weight, training=training)
+                                         sample_weight=sample_weight, **given)
         guards.check_loss(loss)
         return {"loss": loss}, {"x": x, "y": y, "y_pred": y_pred,
                                 "sample_weight": sample_weight}
@@ -431,6 +449,48 @@ class SupervisedTask(Task):
             labels = "y" if arrays is not None else f"the labels in `{name}`"
             guards.check_targets(element_spec[1], self.network, self.network.loss,
                                  name=labels, values=arrays[1] if arrays else None)
+
+
+def only_without_loss(model):
+    """The trainable variables of `model` that feed only outputs compiled without a loss.
+
+    A Functional model with several outputs may leave some without a loss
+    (a loss dict without their name, None in a loss list): Keras' fit trains
+    the others, and the layers that serve only those outputs get no gradient.
+    """
+    outputs, loss = getattr(model, "output", None), model.loss
+    if isinstance(outputs, dict) and isinstance(loss, dict):
+        pairs = [(tensor, loss.get(name)) for name, tensor in outputs.items()]
+    elif isinstance(outputs, (list, tuple)) and isinstance(loss, (list, tuple)) \
+            and len(outputs) == len(loss):
+        pairs = list(zip(outputs, loss))
+    else:
+        return []
+    with_loss = [tensor for tensor, one in pairs if one is not None]
+    if len(with_loss) == len(pairs):
+        return []
+    used = set()
+    for tensor in with_loss:
+        used.update(id(v) for layer in _layers_behind(tensor) for v in layer.trainable_variables)
+    return [v for tensor, one in pairs if one is None
+            for layer in _layers_behind(tensor) for v in layer.trainable_variables
+            if id(v) not in used]
+
+
+def _layers_behind(tensor):
+    """Every layer on the paths from the model's inputs to `tensor` (Keras' node history)."""
+    found, seen, stack = {}, set(), [tensor]
+    while stack:
+        history = getattr(stack.pop(), "_keras_history", None)
+        if history is None:
+            continue
+        layer, node_index = history[0], history[1]
+        if (id(layer), node_index) in seen:   # a shared layer: each of its calls
+            continue
+        seen.add((id(layer), node_index))
+        found[id(layer)] = layer
+        stack.extend(layer._inbound_nodes[node_index].input_tensors)
+    return list(found.values())
 
 
 def _loss_name(loss):

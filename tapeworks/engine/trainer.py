@@ -20,7 +20,7 @@ import keras
 from tapeworks import distribute as distribute_lib
 from tapeworks.engine import data_stage as data_stage_lib, explanation
 from tapeworks.engine import config as config_lib
-from tapeworks.engine import evaluation, fit_checks, measuring, replicas
+from tapeworks.engine import evaluation, fit_checks, measuring, model_step, replicas
 from tapeworks.engine import resume as resume_lib
 from tapeworks.engine import retracing, rollback as rollback_lib, updater
 from tapeworks.engine import task as task_lib
@@ -209,9 +209,11 @@ class Trainer(evaluation.EvaluateAndPredict):
         # optimizer of a name, the step's state) lives in the strategy's scope.
         with self.replication.scope(), replicas.state_variables():
             first_model = model if isinstance(model, keras.Model) else model.model
-            self.precision = config_lib.resolve_precision(first_model, precision)
-            self.task = model if isinstance(model, task_lib.Task) else task_lib.SupervisedTask(
-                model, optimizer, loss, metrics, loss_weights, weighted_metrics)
+            own = model_step.has_own_train_step(model)   # Keras' way to customise fit
+            self.precision = (model_step if own else config_lib).resolve_precision(
+                first_model, precision)
+            self.task = model if isinstance(model, task_lib.Task) else model_step.task_class(
+                model)(model, optimizer, loss, metrics, loss_weights, weighted_metrics)
             for member in self.task.models:
                 self.precision.apply_to(member)
             self.model = self.task.model

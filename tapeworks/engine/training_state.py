@@ -77,7 +77,16 @@ class TrainingState:
         # function being traced (Keras builds there eagerly, symbolically).
         eagerly = config.run_eagerly or replicas.is_replicated(self.strategy)
         with guards.inside_step():
-            if isinstance(task, task_lib.SupervisedTask) and not task.model.built:
+            if task.own_train_step:
+                # The model's own step creates what it needs as it traces
+                # (Keras builds such a model the same way).
+                if not targets:
+                    if not task.model.built:
+                        tf.function(task.model.predict_step).get_concrete_function(
+                            element_spec)
+                    return
+                task.build_steps(element_spec)
+            elif isinstance(task, task_lib.SupervisedTask) and not task.model.built:
                 if eagerly:
                     task.model(zeros_like(x_spec), training=False)
                 else:
@@ -91,7 +100,9 @@ class TrainingState:
                 task.update_metrics(batch, outputs)
                 return losses
 
-            if eagerly:
+            if task.own_train_step:
+                loss_names = []   # its logs are its own (`model_step.OwnLogs`)
+            elif eagerly:
                 loss_names = list(trace_losses(zeros_like(element_spec)))
                 task.reset_metrics()
                 if not config.run_eagerly and task.captures():
@@ -258,10 +269,15 @@ class TrainingState:
 
     def results(self):
         """The running losses and metrics (graph ops inside a step function)."""
+        if self.task.own_test_step:
+            return self.task.logs.results("test")
         return step.collect_logs(self.loss_trackers, self.task, self.precision)
 
     def train_results(self):
-        logs = self.results()
+        if self.task.own_train_step:
+            logs = self.task.logs.results("train")
+        else:
+            logs = step.collect_logs(self.loss_trackers, self.task, self.precision)
         logs.update(self.guard.logs())
         return logs
 

@@ -1,0 +1,151 @@
+"""Keras' other documented ways to write and feed a model, through `Trainer` against `model.fit`.
+
+`compute_loss` overrides (with and without Keras 3.3's `training`), `add_loss`
+models fitted on a dataset without targets, multi-output models with a loss
+dict that leaves an output without a loss, `keras.utils.PyDataset` and
+Python generators. Twin models with the same fixed initial weights; the same
+unshuffled batches; History keys and values and the final weights compared.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tapeworks
+
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(24, 3)).astype("float32")
+Y = (X @ np.array([[0.5], [-0.25], [1.0]], "float32")).astype("float32")
+LABELS = (X[:, 0] > 0).astype("int32")
+
+
+def fit_both(build, arguments):
+    """(Keras' History, tapeworks' History, Keras' model, tapeworks' model) on twin models.
+
+    `arguments(model)`: fit's arguments (a fresh generator or dataset for each).
+    """
+    reference, model = build(), build()
+    expected = reference.fit(verbose=0, shuffle=False, **arguments(reference))
+    trainer = tapeworks.Trainer(model, jit_compile=False, steps_per_call=2)
+    got = trainer.fit(verbose=0, shuffle=False, **arguments(model))
+    return expected, got, reference, model
+
+
+def assert_same_training(expected, got, reference, model):
+    assert sorted(got.history) == sorted(expected.history)
+    for key, values in expected.history.items():
+        np.testing.assert_allclose(got.history[key], values, rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+    for mine, theirs in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+class HuberByHand(keras.Model):
+    """A `compute_loss` override with Keras 3.3's signature: its loss, not the compiled one."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, kernel_initializer="ones")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        error = tf.abs(y - y_pred)
+        # `training` is honoured: a different loss outside training shows it was passed.
+        scale = 1.0 if training else 10.0
+        return scale * tf.reduce_mean(tf.where(error < 0.5, 0.5 * error ** 2, error - 0.125))
+
+
+class OldSignature(HuberByHand):
+    """An override written before Keras 3.3: no `training` argument."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        return tf.reduce_mean(tf.abs(y - y_pred)) + 0.1 * tf.reduce_mean(tf.square(y_pred))
+
+
+@pytest.mark.parametrize("model_class", [HuberByHand, OldSignature])
+def test_a_compute_loss_override_is_honoured_as_model_fit_honours_it(model_class):
+    def build():
+        model = model_class()
+        # The compiled loss is not the one used: the override decides.
+        model.compile(keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    assert_same_training(*fit_both(build, arguments=lambda _: dict(
+        x=X, y=Y, batch_size=6, epochs=2, validation_data=(X[:6], Y[:6]))))
+
+
+def endpoint_model():
+    class Endpoint(keras.layers.Layer):
+        def call(self, targets, predictions):
+            self.add_loss(keras.ops.mean(keras.ops.square(targets - predictions)))
+            return predictions
+
+    x = keras.Input((3,), name="x")
+    t = keras.Input((1,), name="t")
+    out = Endpoint()(t, keras.layers.Dense(1, kernel_initializer="ones")(x))
+    model = keras.Model({"x": x, "t": t}, out)
+    model.compile(keras.optimizers.SGD(0.1))
+    return model
+
+
+def test_an_add_loss_model_trains_on_a_dataset_without_targets_as_in_keras():
+    def arguments(_):
+        dataset = tf.data.Dataset.from_tensor_slices({"x": X, "t": Y}).batch(6)
+        return dict(x=dataset, epochs=2)
+
+    assert_same_training(*fit_both(endpoint_model, arguments=arguments))
+
+
+def two_heads():
+    x = keras.Input((3,))
+    hidden = keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(0.1))(x)
+    value = keras.layers.Dense(1, name="value", kernel_initializer="ones")(hidden)
+    label = keras.layers.Dense(2, name="label", kernel_initializer="ones")(hidden)
+    aside = keras.layers.Dense(1, name="aside", kernel_initializer="zeros")(hidden)
+    model = keras.Model(x, {"value": value, "label": label, "aside": aside})
+    # "aside" has no loss: Keras trains the other two heads and ignores it.
+    model.compile(keras.optimizers.SGD(0.05),
+                  loss={"value": "mse",
+                        "label": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                  loss_weights={"value": 1.0, "label": 0.5})
+    return model
+
+
+def test_several_outputs_with_a_loss_dict_and_one_output_without_a_loss():
+    assert_same_training(*fit_both(two_heads, arguments=lambda _: dict(
+        x=X, y={"value": Y, "label": LABELS}, batch_size=6, epochs=2)))
+
+
+def regression():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_initializer="ones")])
+    model.compile(keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self):
+        super().__init__()
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        part = slice(index * 6, (index + 1) * 6)
+        return X[part], Y[part]
+
+
+def test_a_py_dataset_trains_as_in_keras():
+    assert_same_training(*fit_both(regression, arguments=lambda _: dict(x=Batches(), epochs=2)))
+
+
+def test_a_generator_trains_as_in_keras():
+    def batches():
+        for start in range(0, 24, 6):
+            yield X[start:start + 6], Y[start:start + 6]
+
+    # One pass each: a generator is read once (as in Keras).
+    assert_same_training(*fit_both(regression, arguments=lambda _: dict(
+        x=batches(), epochs=1)))
