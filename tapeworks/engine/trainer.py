@@ -20,7 +20,7 @@ import keras
 from tapeworks import distribute as distribute_lib
 from tapeworks.engine import data_stage as data_stage_lib, explanation
 from tapeworks.engine import config as config_lib
-from tapeworks.engine import evaluation, fit_checks, measuring, replicas
+from tapeworks.engine import evaluation, fit_checks, loss_graph, measuring, replicas
 from tapeworks.engine import resume as resume_lib
 from tapeworks.engine import retracing, rollback as rollback_lib, updater
 from tapeworks.engine import task as task_lib
@@ -512,6 +512,7 @@ class Trainer(evaluation.EvaluateAndPredict):
                     end_line.progress, end_line.steps, end_line.samples = (
                         progress, result.steps, result.samples)
                     callback_list.on_epoch_end(epoch, epoch_logs)
+                    self.compiled.traced_numbers.after_epoch()   # what callbacks changed
                     plan.announce_once(verbose)
                     data.announce_input_choice_once(verbose)
                     training_logs = epoch_logs
@@ -540,6 +541,9 @@ class Trainer(evaluation.EvaluateAndPredict):
         if not self._setup_checked:
             self._setup_checked = True
             fit_checks.check_something_trains(self.task)
+            if not self.replication.replicated:   # traced alone, outside strategy.run
+                state = self.training_state
+                loss_graph.check_task_losses(self.task, state.element_spec, state.counters)
 
     def _report_input(self, dataset, verbose):
         """After the first epoch (`diagnose_input=True`): whether training waits for data."""

@@ -1,0 +1,149 @@
+"""Python numbers a Task's step read while it was traced, and changed since.
+
+A compiled step holds every Python number it read while tracing as a
+constant: a loss weight or a KL `beta` kept as a plain float attribute of the
+Task, changed later by a callback, never reaches the step (it keeps the
+value it was traced with) and nothing says so. `TracedNumbers` records which
+of the Task's own number attributes a train step's trace reads (only those,
+and only while a trace runs: never on a step that executes), and at an
+epoch's end compares them with their values now.
+"""
+
+import numbers
+import threading
+
+import tensorflow as tf
+
+from tapeworks.engine.task import SupervisedTask
+from tapeworks.errors import CorrectnessWarning, warn
+
+# One recording subclass per Task class, made on first use (see `recording`).
+_RECORDING_CLASSES = {}
+_lock = threading.Lock()
+# id(task) -> [the task's own class, open recordings' sets of names]: nested traces
+# and the per-replica threads of one replicated trace share one swap.
+_active = {}
+
+
+def is_number(value):
+    """A Python (or NumPy) scalar number or bool: what a trace turns into a constant."""
+    return isinstance(value, numbers.Number)
+
+
+class recording:
+    """Context manager: the names of `task`'s own number attributes read inside it.
+
+    The task's class is swapped for a subclass whose `__getattribute__`
+    notes reads of instance attributes holding numbers; the class is put back
+    on exit (when the last open recording of that task closes). `reads` is
+    the set of names, filled on exit.
+    """
+
+    def __init__(self, task):
+        self.task = task
+        self.reads = set()
+        self._local = set()
+
+    def __enter__(self):
+        task = self.task
+        with _lock:
+            entry = _active.get(id(task))
+            if entry is None:
+                original = type(task)
+                try:
+                    task.__class__ = _recording_class(original)
+                except TypeError:   # a class whose layout forbids it (__slots__): not watched
+                    return self
+                entry = _active[id(task)] = [original, []]
+            entry[1].append(self._local)
+        return self
+
+    def __exit__(self, *exc):
+        task = self.task
+        with _lock:
+            entry = _active.get(id(task))
+            if entry is None or not any(r is self._local for r in entry[1]):
+                return False
+            entry[1] = [r for r in entry[1] if r is not self._local]
+            if not entry[1]:
+                task.__class__ = entry[0]
+                del _active[id(task)]
+        self.reads = set(self._local)
+        return False
+
+
+def _recording_class(cls):
+    recorder = _RECORDING_CLASSES.get(cls)
+    if recorder is not None:
+        return recorder
+
+    def __getattribute__(self, name):
+        value = super(recorder, self).__getattribute__(name)
+        if not name.startswith("__") and is_number(value):
+            own = object.__getattribute__(self, "__dict__")
+            if name in own:
+                entry = _active.get(id(self))
+                for reads in entry[1] if entry is not None else ():
+                    reads.add(name)
+        return value
+
+    recorder = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__,
+                                           "__module__": cls.__module__,
+                                           "__qualname__": cls.__qualname__})
+    _RECORDING_CLASSES[cls] = recorder
+    return recorder
+
+
+class TracedNumbers:
+    """The Task's number attributes its train step was traced with, checked at epoch ends.
+
+    `watch(train_step)` wraps a step function: while it is traced (never
+    when it runs), the Task's number attributes it reads are noted with
+    their values at the trace's end (so a counter the trace itself bumps is
+    not taken for a change). `after_epoch()` warns, once per attribute,
+    about each one whose value has changed since: the compiled step still
+    computes with the traced value.
+    """
+
+    def __init__(self, task):
+        self.task = task
+        self.traced = {}    # attribute name -> its value when the step was last traced
+        self.warned = set()
+
+    def watch(self, train_step):
+        if isinstance(self.task, SupervisedTask):
+            return train_step   # Keras' compute_loss: no number attribute of the user's
+
+        def watched(batch):
+            if tf.executing_eagerly():
+                return train_step(batch)   # run_eagerly: Python runs every step
+            with recording(self.task) as seen:
+                result = train_step(batch)
+            for name in seen.reads:
+                self.traced[name] = vars(self.task).get(name)
+            return result
+
+        return watched
+
+    def changed(self):
+        """`[(name, traced value, value now)]` for the attributes changed since the trace."""
+        found = []
+        for name, then in self.traced.items():
+            now = vars(self.task).get(name)
+            if now is not then and now != then:
+                found.append((name, then, now))
+        return found
+
+    def after_epoch(self):
+        for name, then, now in self.changed():
+            if name in self.warned:
+                continue
+            self.warned.add(name)
+            owner = type(self.task).__name__
+            warn(f"tapeworks: `{owner}.{name}` was {then!r} when the training step was "
+                 f"traced and is now {now!r}, but the compiled step still computes with "
+                 f"{then!r}: a Python number read in `compute_losses` is a constant of the "
+                 "traced graph, so changing it later (from a callback, or between fits) "
+                 "never reaches the step. Fix: hold it in a variable, e.g. "
+                 f"`self.{name} = keras.Variable({then!r}, trainable=False)` in __init__, "
+                 f"and change it with `task.{name}.assign(new_value)`.", CorrectnessWarning)
