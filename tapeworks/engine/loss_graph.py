@@ -307,10 +307,6 @@ def ancestor_tensors(graph, tensors):
 
 
 def ancestor_ops(graph, tensors):
-    """The ops of `graph` that `tensors` depend on, each once."""
-    ops, seen = [], set()
-    for tensor in ancestor_tensors(graph, tensors):
-        if tensor.op.name not in seen:
-            seen.add(tensor.op.name)
-            ops.append(tensor.op)
-    return ops
+    """The ops of `graph` that `tensors` depend on, in the order they were created."""
+    names = {tensor.op.name for tensor in ancestor_tensors(graph, tensors)}
+    return [op for op in graph.get_operations() if op.name in names]
