@@ -77,40 +77,47 @@ class TracedLosses:
 
 def check_task_losses(task, element_spec, counters):
     """Warns (once: call it once per trainer) about a broadcasting loss or dropped regularisation."""
+    for message in findings(task, element_spec, counters):
+        warn(message, CorrectnessWarning)
+
+
+def findings(task, element_spec, counters):
+    """The messages of `check_task_losses`, as a list of text (`explain` shows them)."""
     if isinstance(task, SupervisedTask):
-        return
+        return []
     traced = trace(task, element_spec, counters)
     if traced is None:
-        return
+        return []
+    messages = []
     found = broadcasts(traced)
     if found:
         first = found[0]
         a, b, out = first.shapes
         where = f" at {first.where}" if first.where else ""
         more = f" (and {len(found) - 1} more such op(s))" if len(found) > 1 else ""
-        warn(f"tapeworks: a loss of {type(task).__name__}.compute_losses broadcasts the batch "
-             f"against itself: `{first.op_type}` (op `{first.op_name}`){where} combines "
-             f"shapes {a} and {b} into {out}{more}, B being the batch, so every prediction "
-             "is compared with every target and the loss averages a B x B matrix: the "
-             "model learns the batch's mean. (Keras' compiled losses reshape one side "
-             "first; a Task's own arithmetic does not.) Fix: give both the same shape, "
-             "e.g. `pred = tf.squeeze(pred, -1)` or `y = tf.reshape(y, tf.shape(pred))` "
-             "before combining them.", CorrectnessWarning)
-    dropped = dropped_regularisation(traced, task)
-    if dropped:
-        by_update = {}
-        for term in dropped:
-            by_update.setdefault(term.update, []).append(term)
-        for update, terms in by_update.items():
-            owners = ", ".join(dict.fromkeys(f"`{t.owner}` ({t.kind})" for t in terms))
-            models = " + ".join(dict.fromkeys(f"{t.model}.losses" for t in terms))
-            warn(f"tapeworks: update {update!r} trains layers with regularisation losses, "
-                 f"but its objective leaves them out: {owners}. `{models}` is not part of "
-                 "the loss it differentiates, so the regularisers never act (a Task "
-                 "trains on what compute_losses returns; only Keras' compiled losses add "
-                 "`model.losses` themselves). Fix: add them to that loss in compute_losses, "
-                 f"e.g. `loss = loss + tf.add_n({models.split(' + ')[0]})`.",
-                 CorrectnessWarning)
+        messages.append(
+            f"tapeworks: a loss of {type(task).__name__}.compute_losses broadcasts the batch "
+            f"against itself: `{first.op_type}` (op `{first.op_name}`){where} combines "
+            f"shapes {a} and {b} into {out}{more}, B being the batch, so every prediction "
+            "is compared with every target and the loss averages a B x B matrix: the "
+            "model learns the batch's mean. (Keras' compiled losses reshape one side "
+            "first; a Task's own arithmetic does not.) Fix: give both the same shape, "
+            "e.g. `pred = tf.squeeze(pred, -1)` or `y = tf.reshape(y, tf.shape(pred))` "
+            "before combining them.")
+    by_update = {}
+    for term in dropped_regularisation(traced, task):
+        by_update.setdefault(term.update, []).append(term)
+    for update, terms in by_update.items():
+        owners = ", ".join(dict.fromkeys(f"`{t.owner}` ({t.kind})" for t in terms))
+        models = list(dict.fromkeys(f"{t.model}.losses" for t in terms))
+        messages.append(
+            f"tapeworks: update {update!r} trains layers with regularisation losses, but "
+            f"its objective leaves them out: {owners}. `{' + '.join(models)}` is not part "
+            "of the loss it differentiates, so the regularisers never act (a Task trains "
+            "on what compute_losses returns; only Keras' compiled losses add "
+            "`model.losses` themselves). Fix: add them to that loss in compute_losses, "
+            f"e.g. `loss = loss + tf.add_n({models[0]})`.")
+    return messages
 
 
 def trace(task, element_spec, counters):

@@ -35,14 +35,14 @@ class recording:
 
     The task's class is swapped for a subclass whose `__getattribute__`
     notes reads of instance attributes holding numbers; the class is put back
-    on exit (when the last open recording of that task closes). `reads` is
-    the set of names, filled on exit.
+    on exit (when the last open recording of that task closes). `reads`:
+    name -> the value it had when first read, filled on exit.
     """
 
     def __init__(self, task):
         self.task = task
-        self.reads = set()
-        self._local = set()
+        self.reads = {}
+        self._local = {}
 
     def __enter__(self):
         task = self.task
@@ -68,7 +68,7 @@ class recording:
             if not entry[1]:
                 task.__class__ = entry[0]
                 del _active[id(task)]
-        self.reads = set(self._local)
+        self.reads = dict(self._local)
         return False
 
 
@@ -84,7 +84,7 @@ def _recording_class(cls):
             if name in own:
                 entry = _active.get(id(self))
                 for reads in entry[1] if entry is not None else ():
-                    reads.add(name)
+                    reads.setdefault(name, value)
         return value
 
     recorder = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__,
@@ -99,16 +99,17 @@ class TracedNumbers:
 
     `watch(train_step)` wraps a step function: while it is traced (never
     when it runs), the Task's number attributes it reads are noted with
-    their values at the trace's end (so a counter the trace itself bumps is
-    not taken for a change). `after_epoch()` warns, once per attribute,
+    their values at the first trace's end (so a counter the trace itself
+    bumps is not taken for a change). `after_epoch()` warns, once per attribute,
     about each one whose value has changed since: the compiled step still
     computes with the traced value.
     """
 
     def __init__(self, task):
         self.task = task
-        self.traced = {}    # attribute name -> its value when the step was last traced
+        self.traced = {}    # attribute name -> its value when the step was first traced
         self.warned = set()
+        self.ignored = set()   # attributes the trace itself changes
 
     def watch(self, train_step):
         if isinstance(self.task, SupervisedTask):
@@ -119,8 +120,18 @@ class TracedNumbers:
                 return train_step(batch)   # run_eagerly: Python runs every step
             with recording(self.task) as seen:
                 result = train_step(batch)
-            for name in seen.reads:
-                self.traced[name] = vars(self.task).get(name)
+            for name, read in seen.reads.items():
+                now = vars(self.task).get(name)
+                if not _same(now, read):
+                    # Changed by the trace itself (a Python counter of traces): what it
+                    # does later is the trace's own doing, not a change the step misses.
+                    self.ignored.add(name)
+                elif name not in self.ignored:
+                    # The first trace's value: a variant traced later (another mode,
+                    # the monitored step) does not make the first one follow a change.
+                    self.traced.setdefault(name, now)
+            for name in self.ignored:
+                self.traced.pop(name, None)
             return result
 
         return watched
@@ -130,20 +141,29 @@ class TracedNumbers:
         found = []
         for name, then in self.traced.items():
             now = vars(self.task).get(name)
-            if now is not then and now != then:
+            if not _same(now, then):
                 found.append((name, then, now))
         return found
 
+    def messages(self):
+        """`[(name, message)]` for each attribute changed since the trace (`explain` shows them)."""
+        owner = type(self.task).__name__
+        return [(name, f"tapeworks: `{owner}.{name}` was {then!r} when the training step "
+                       f"was traced and is now {now!r}, but the compiled step still computes "
+                       f"with {then!r}: a Python number read in `compute_losses` is a "
+                       "constant of the traced graph, so changing it later (from a callback, "
+                       "or between fits) never reaches the step. Fix: hold it in a variable, "
+                       f"e.g. `self.{name} = keras.Variable({then!r}, trainable=False)` in "
+                       f"__init__, and change it with `task.{name}.assign(new_value)`.")
+                for name, then, now in self.changed()]
+
     def after_epoch(self):
-        for name, then, now in self.changed():
-            if name in self.warned:
-                continue
-            self.warned.add(name)
-            owner = type(self.task).__name__
-            warn(f"tapeworks: `{owner}.{name}` was {then!r} when the training step was "
-                 f"traced and is now {now!r}, but the compiled step still computes with "
-                 f"{then!r}: a Python number read in `compute_losses` is a constant of the "
-                 "traced graph, so changing it later (from a callback, or between fits) "
-                 "never reaches the step. Fix: hold it in a variable, e.g. "
-                 f"`self.{name} = keras.Variable({then!r}, trainable=False)` in __init__, "
-                 f"and change it with `task.{name}.assign(new_value)`.", CorrectnessWarning)
+        """Warns about each attribute changed since the trace, once per attribute."""
+        for name, message in self.messages():
+            if name not in self.warned:
+                self.warned.add(name)
+                warn(message, CorrectnessWarning)
+
+
+def _same(a, b):
+    return a is b or (a == b) is True   # (an array compared gives an array: not the same)

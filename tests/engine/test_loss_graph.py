@@ -217,3 +217,23 @@ def test_only_the_update_that_trains_the_regularised_layer_is_asked_for_it(inclu
         assert "update 'discriminator'" in found[0] and "update 'generator'" not in found[0]
         assert "/critic` (kernel_regularizer)" in found[0]
         assert "self.discriminator.losses" in found[0]
+
+
+# In `explain` --------------------------------------------------------------------------------
+
+def test_explain_lists_the_findings_with_what_changes_what_is_learned():
+    broadcasting = Regression(lambda y, pred, net: tf.reduce_mean(tf.square(y - pred)),
+                              net=regularised(kernel_regularizer=keras.regularizers.L2(0.01)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        explained = Trainer(broadcasting, jit_compile=False).explain(
+            tf.data.Dataset.from_tensor_slices(data()).batch(16), steps=2, try_xla=False)
+    assert len(explained.correctness) == 2
+    assert BROADCAST in explained.correctness[0] and DROPPED in explained.correctness[1]
+    assert "What changes what is learned (not time):" in str(explained)
+    clean = Regression(lambda y, pred, net: mse(y, pred))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        explained = Trainer(clean, jit_compile=False).explain(
+            tf.data.Dataset.from_tensor_slices(data()).batch(16), steps=2, try_xla=False)
+    assert explained.correctness == [] and "What changes what is learned" not in str(explained)
