@@ -148,12 +148,12 @@ class TracedNumbers:
     def messages(self):
         """`[(name, message)]` for each attribute changed since the trace (`explain` shows them)."""
         owner = type(self.task).__name__
-        return [(name, f"tapeworks: `{owner}.{name}` was {then!r} when the training step "
-                       f"was traced and is now {now!r}, but the compiled step still computes "
-                       f"with {then!r}: a Python number read in `compute_losses` is a "
+        return [(name, f"tapeworks: `{owner}.{name}` was {_text(then)} when the training "
+                       f"step was traced and is now {_text(now)}, but the compiled step still "
+                       f"computes with {_text(then)}: a Python number read in `compute_losses` is a "
                        "constant of the traced graph, so changing it later (from a callback, "
                        "or between fits) never reaches the step. Fix: hold it in a variable, "
-                       f"e.g. `self.{name} = keras.Variable({then!r}, trainable=False)` in "
+                       f"e.g. `self.{name} = keras.Variable({_text(then)}, trainable=False)` in "
                        f"__init__, and change it with `task.{name}.assign(new_value)`.")
                 for name, then, now in self.changed()]
 
@@ -167,3 +167,9 @@ class TracedNumbers:
 
 def _same(a, b):
     return a is b or (a == b) is True   # (an array compared gives an array: not the same)
+
+
+def _text(value):
+    """A number as a message shows it: 0.333333, not 0.3333333333333333."""
+    text = repr(value)
+    return f"{value:.6g}" if isinstance(value, float) and len(text) > 8 else text
