@@ -66,13 +66,25 @@ class DroppedTerm:
 
 
 @dataclasses.dataclass
+class RegularisationTerm:
+    """One term of a trained model's `losses`, computed in the trace."""
+
+    owner: str         # the layer (weight regularisers) or model (`add_loss`)
+    kind: str          # "kernel_regularizer"-like, or "add_loss"
+    tensor: object
+    variables: set     # ids of the variables it regularises (add_loss: its model's)
+    model: str         # how compute_losses reaches the model: "self.net"
+
+
+@dataclasses.dataclass
 class TracedLosses:
+    """One trace of a task's losses: its graph, the batch size it was traced at, the tensors."""
+
     graph: object
     batch: int
     losses: dict
-    objectives: list            # one tensor per update
-    terms: list                 # (owner, kind, tensor, ids of the variables it regularises
-                                #  or of its model's trainable variables, model's name)
+    objectives: list   # one tensor per update
+    terms: list        # RegularisationTerm
 
 
 def check_task_losses(task, element_spec, counters):
@@ -161,7 +173,7 @@ def distinct_batch_size(specs, task):
 
 
 def regularisation_terms(task):
-    """(owner, kind, tensor, variable ids) for each regularisation loss of the trained models.
+    """A `RegularisationTerm` for each regularisation loss of the trained models.
 
     Called inside the trace, after the forward pass: weight regularisers
     are computed afresh (as `model.losses` does), `add_loss` terms are the
@@ -183,14 +195,14 @@ def regularisation_terms(task):
             path = getattr(variable, "path", variable.name)
             layer = path.rsplit("/", 1)[0] if "/" in path else model.name
             name = path.rsplit("/", 1)[-1]
-            terms.append((layer, f"{name}_regularizer", regularizer(variable), {id(variable)},
-                          reached))
+            terms.append(RegularisationTerm(layer, f"{name}_regularizer", regularizer(variable),
+                                            {id(variable)}, reached))
         model_losses = list(model.losses)
         # Keras lists the `add_loss` terms first, then one term per regularised weight.
         own = {id(v) for v in model.trainable_variables}
         for tensor in model_losses[:len(model_losses) - regularised]:
             if tf.is_tensor(tensor):
-                terms.append((model.name, "add_loss", tensor, own, reached))
+                terms.append(RegularisationTerm(model.name, "add_loss", tensor, own, reached))
     return terms
 
 
@@ -266,14 +278,17 @@ def dropped_regularisation(traced, task):
     dropped = []
     for update, objective in zip(task.updates, traced.objectives):
         trained = {id(v) for v in update.variables()}
-        mine = [term for term in traced.terms if term[3] & trained]
+        # A model not called in this step keeps the `add_loss` tensors of its last
+        # call, in another graph: not a term of this step.
+        mine = [term for term in traced.terms if term.variables & trained
+                and getattr(term.tensor, "graph", None) is traced.graph]
         if not mine:
             continue
         included = {signatures[t.ref()] for t in ancestor_tensors(traced.graph, [objective])
                     if t.ref() in signatures}
-        for owner, kind, tensor, _, model in mine:
-            if signatures.get(tensor.ref()) not in included:
-                dropped.append(DroppedTerm(update.name, owner, kind, model))
+        for term in mine:
+            if signatures.get(term.tensor.ref()) not in included:
+                dropped.append(DroppedTerm(update.name, term.owner, term.kind, term.model))
     return dropped
 
 
