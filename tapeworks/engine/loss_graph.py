@@ -88,7 +88,7 @@ class TracedLosses:
 
 
 def check_task_losses(task, element_spec, counters):
-    """Warns (once: call it once per trainer) about a broadcasting loss or dropped regularisation."""
+    """Warns about a broadcasting loss or dropped regularisation (call it once per trainer)."""
     for message in findings(task, element_spec, counters):
         warn(message, CorrectnessWarning)
 

@@ -150,9 +150,10 @@ class TracedNumbers:
         owner = type(self.task).__name__
         return [(name, f"tapeworks: `{owner}.{name}` was {_text(then)} when the training "
                        f"step was traced and is now {_text(now)}, but the compiled step still "
-                       f"computes with {_text(then)}: a Python number read in `compute_losses` is a "
-                       "constant of the traced graph, so changing it later (from a callback, "
-                       "or between fits) never reaches the step. Fix: hold it in a variable, "
+                       f"computes with {_text(then)}: a Python number read in "
+                       "`compute_losses` is a constant of the traced graph, so changing it "
+                       "later (from a callback, or between fits) never reaches the step. "
+                       "Fix: hold it in a variable, "
                        f"e.g. `self.{name} = keras.Variable({_text(then)}, trainable=False)` in "
                        f"__init__, and change it with `task.{name}.assign(new_value)`.")
                 for name, then, now in self.changed()]

@@ -237,3 +237,18 @@ def test_explain_lists_the_findings_with_what_changes_what_is_learned():
         explained = Trainer(clean, jit_compile=False).explain(
             tf.data.Dataset.from_tensor_slices(data()).batch(16), steps=2, try_xla=False)
     assert explained.correctness == [] and "What changes what is learned" not in str(explained)
+
+
+def test_a_task_that_cannot_be_traced_trains_eagerly_with_no_finding():
+    # `.numpy()` in the loss works only eagerly: the diagnostic trace fails, silently,
+    # and the eager fit goes on as before.
+    def eager_only(y, pred, net):
+        scale = float(tf.reduce_max(tf.abs(pred)).numpy()) + 1.0
+        return tf.reduce_mean(tf.square(y - pred)) / scale
+
+    x, y = data()
+    assert loss_graph.findings(Regression(eager_only), (tf.TensorSpec([None, 3]),
+                                                         tf.TensorSpec([None])), Counters()) == []
+    trainer = Trainer(Regression(eager_only), run_eagerly=True)
+    assert not [m for m in messages(trainer, x, y) if BROADCAST in m or DROPPED in m]
+    assert trainer.counters.step.numpy() == 4
