@@ -267,8 +267,9 @@ class _Checker(ast.NodeVisitor):
         """TW113 in the function a tf.data pipeline's `.map()` traces."""
         receiver = call.func.value
         named = receiver.func if isinstance(receiver, ast.Call) else receiver   # make_dataset()
-        known = self._dataset_ops(receiver) is not None or bool(
-            DATASET_NAME.search((dotted(named) or "").split(".")[-1]))
+        known = self._dataset_ops(receiver) is not None or (
+            bool(DATASET_NAME.search((dotted(named) or "").split(".")[-1]))
+            and self.random.maps_tf_data(call))
         body, where = self.random.mapped_function(call) if known else (None, None)
         for draw, name in self.random.draws_in(body or []):
             self.report(draw, "TW113", call=name, where=where, unit="element")

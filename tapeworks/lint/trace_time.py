@@ -32,10 +32,18 @@ class RandomSources:
         self.generators = set()      # names bound to np.random.default_rng(...) and the like
         self.functions = {}          # name -> FunctionDef, for one level of calls
         self.per_element = set()     # function names handed to tf.numpy_function & co.
+        self.uses_tf_data = False    # `tf.data.` appears: a `ds.map` is likely tf.data's
+        self.other_datasets = False  # Hugging Face `datasets` (its .map runs per example)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 self.python_random |= any(a.name == "random" and a.asname in (None, "random")
                                           for a in node.names)
+                self.other_datasets |= any(a.name == "datasets" for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                self.other_datasets |= (node.module or "").split(".")[0] == "datasets"
+            elif isinstance(node, ast.Attribute) and node.attr == "data" and \
+                    dotted(node) in ("tf.data", "tensorflow.data"):
+                self.uses_tf_data = True
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions[node.name] = node
             elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
@@ -99,6 +107,16 @@ class RandomSources:
         if last in self.per_element or (name != last and not name.startswith("self.")):
             return None
         return self.functions.get(last)
+
+    def maps_tf_data(self, call):
+        """A `.map` call on a receiver only named like a dataset (`ds`, `train_ds`): tf.data's?
+
+        Only in a file that uses tf.data and not Hugging Face `datasets` (whose
+        `.map` runs Python per example), or with tf.data's own keywords.
+        """
+        keywords = {k.arg for k in call.keywords}
+        return bool(keywords & {"num_parallel_calls", "deterministic"}) or (
+            self.uses_tf_data and not self.other_datasets)
 
     def mapped_function(self, call):
         """The body nodes of the function a `.map(fn)` call traces, and its name for messages."""

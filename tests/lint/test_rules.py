@@ -382,6 +382,14 @@ CASES = [
         words = list(map(lambda w: w + random.choice("ab"), words))
         """),
     ("TW113", """
+        def load(ds):
+            return ds.map(lambda x: x + np.random.normal(), num_parallel_calls=4)
+        """, """
+        import datasets
+        ds = datasets.load_dataset("imdb", split="train")
+        ds = ds.map(lambda example: {"noise": np.random.rand()})
+        """),
+    ("TW113", """
         rng = np.random.default_rng(0)
         class VAE(tapeworks.Task):
             def compute_losses(self, batch, training):
