@@ -25,7 +25,7 @@ import warnings
 
 import tensorflow as tf
 
-from tapeworks.engine import guards
+from tapeworks.engine import guards, replicas
 from tapeworks.engine.task import SupervisedTask
 from tapeworks.errors import CorrectnessWarning, warn
 
@@ -87,14 +87,24 @@ class TracedLosses:
     terms: list        # RegularisationTerm
 
 
-def check_task_losses(task, element_spec, counters):
-    """Warns about a broadcasting loss or dropped regularisation (call it once per trainer)."""
-    for message in findings(task, element_spec, counters):
+def check_task_losses(state):
+    """Warns about a broadcasting loss or dropped regularisation (call it once per trainer).
+
+    `state`: the built `TrainingState` (its task, element spec and counters).
+    Not under a replicated strategy: the trace runs alone, outside `strategy.run`.
+    """
+    if replicas.is_replicated(state.strategy):
+        return
+    for message in findings(state.task, state.element_spec, state.counters):
         warn(message, CorrectnessWarning)
 
 
 def findings(task, element_spec, counters):
-    """The messages of `check_task_losses`, as a list of text (`explain` shows them)."""
+    """The messages of `check_task_losses`, as a list of text (`explain` shows them).
+
+    A `SupervisedTask` has none: Keras' compiled losses reshape and add
+    `model.losses` themselves.
+    """
     if isinstance(task, SupervisedTask):
         return []
     traced = trace(task, element_spec, counters)

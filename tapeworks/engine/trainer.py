@@ -541,9 +541,7 @@ class Trainer(evaluation.EvaluateAndPredict):
         if not self._setup_checked:
             self._setup_checked = True
             fit_checks.check_something_trains(self.task)
-            if not self.replication.replicated:   # traced alone, outside strategy.run
-                state = self.training_state
-                loss_graph.check_task_losses(self.task, state.element_spec, state.counters)
+            loss_graph.check_task_losses(self.training_state)
 
     def _report_input(self, dataset, verbose):
         """After the first epoch (`diagnose_input=True`): whether training waits for data."""
