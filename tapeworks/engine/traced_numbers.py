@@ -10,6 +10,8 @@ epoch's end compares them with their values now.
 """
 
 import numbers
+import os
+import sys
 import threading
 
 import tensorflow as tf
@@ -36,13 +38,14 @@ class recording:
     The task's class is swapped for a subclass whose `__getattribute__`
     notes reads of instance attributes holding numbers; the class is put back
     on exit (when the last open recording of that task closes). `reads`:
-    name -> the value it had when first read, filled on exit.
+    name -> the value it had when first read; `where`: name -> "file.py:line"
+    of that first read.
     """
 
     def __init__(self, task):
         self.task = task
         self.reads = {}
-        self._local = {}
+        self.where = {}
 
     def __enter__(self):
         task = self.task
@@ -55,21 +58,25 @@ class recording:
                 except TypeError:   # a class whose layout forbids it (__slots__): not watched
                     return self
                 entry = _active[id(task)] = [original, []]
-            entry[1].append(self._local)
+            entry[1].append(self)
         return self
 
     def __exit__(self, *exc):
         task = self.task
         with _lock:
             entry = _active.get(id(task))
-            if entry is None or not any(r is self._local for r in entry[1]):
+            if entry is None or not any(r is self for r in entry[1]):
                 return False
-            entry[1] = [r for r in entry[1] if r is not self._local]
+            entry[1] = [r for r in entry[1] if r is not self]
             if not entry[1]:
                 task.__class__ = entry[0]
                 del _active[id(task)]
-        self.reads = dict(self._local)
         return False
+
+    def note(self, name, value, frame):
+        if name not in self.reads:
+            self.reads[name] = value
+            self.where[name] = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _recording_class(cls):
@@ -83,8 +90,8 @@ def _recording_class(cls):
             own = object.__getattribute__(self, "__dict__")
             if name in own:
                 entry = _active.get(id(self))
-                for reads in entry[1] if entry is not None else ():
-                    reads.setdefault(name, value)
+                for open_recording in entry[1] if entry is not None else ():
+                    open_recording.note(name, value, sys._getframe(1))
         return value
 
     recorder = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__,
@@ -108,6 +115,7 @@ class TracedNumbers:
     def __init__(self, task):
         self.task = task
         self.traced = {}    # attribute name -> its value when the step was first traced
+        self.where = {}     # attribute name -> "file.py:line" where the trace read it
         self.warned = set()
         self.ignored = set()   # attributes the trace itself changes
 
@@ -130,6 +138,7 @@ class TracedNumbers:
                     # The first trace's value: a variant traced later (another mode,
                     # the monitored step) does not make the first one follow a change.
                     self.traced.setdefault(name, now)
+                    self.where.setdefault(name, seen.where[name])
             for name in self.ignored:
                 self.traced.pop(name, None)
             return result
@@ -148,8 +157,9 @@ class TracedNumbers:
     def messages(self):
         """`[(name, message)]` for each attribute changed since the trace (`explain` shows them)."""
         owner = type(self.task).__name__
-        return [(name, f"tapeworks: `{owner}.{name}` was {_text(then)} when the training "
-                       f"step was traced and is now {_text(now)}, but the compiled step still "
+        return [(name, f"tapeworks: `{owner}.{name}` (read at {self.where.get(name, '?')}) was "
+                       f"{_text(then)} when the training step was traced and is now "
+                       f"{_text(now)}, but the compiled step still "
                        f"computes with {_text(then)}: a Python number read in "
                        "`compute_losses` is a constant of the traced graph, so changing it "
                        "later (from a callback, or between fits) never reaches the step. "
