@@ -54,9 +54,10 @@ def fit(task, callbacks, epochs=3, **trainer):
             if issubclass(w.category, CorrectnessWarning) and FROZEN in str(w.message)]
 
 
-def test_a_float_changed_by_a_callback_is_named_once_with_both_values():
+@pytest.mark.parametrize("jit_compile", [False, "update", True])
+def test_a_float_changed_by_a_callback_is_named_once_with_both_values(jit_compile):
     task = KLTask()
-    found = fit(task, [Anneal(task)], epochs=3)
+    found = fit(task, [Anneal(task)], epochs=3, jit_compile=jit_compile)
     assert len(found) == 1
     line = KLTask.compute_losses.__code__.co_firstlineno + 4   # `+ self.beta * ...`
     assert found[0].startswith(f"tapeworks: `KLTask.beta` (read at test_traced_numbers.py:{line}) "
