@@ -50,6 +50,8 @@ LAYERS = {
     "tapeworks.engine.rollback": 0,
     "tapeworks.engine.inference_mode": 0,
     "tapeworks.engine.retracing": 0,
+    "tapeworks.engine.loss_graph": 0,
+    "tapeworks.engine.traced_numbers": 0,
     "tapeworks.engine.callback_bridge": 0,
     "tapeworks.engine.progress": 0,
     "tapeworks.engine.autotune": 0,

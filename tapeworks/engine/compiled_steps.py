@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tapeworks.engine import inference_mode, model_step, replicas, step, updater
 from tapeworks.engine.traced import Traced
+from tapeworks.engine.traced_numbers import TracedNumbers
 
 
 class StepKey(typing.NamedTuple):
@@ -38,6 +39,9 @@ class CompiledSteps:
         self.traces = collections.Counter()   # traces per step function, by name
         self._functions = {}
         self._inference_checked = False
+        # The Task's number attributes the train steps were traced with (read at
+        # epoch ends: `TracedNumbers.after_epoch`).
+        self.traced_numbers = TracedNumbers(task)
 
     @property
     def replicated(self):
@@ -118,12 +122,12 @@ class CompiledSteps:
         def build():
             split = kind == "train" and self.splits_xla_step(mode, monitored, checks_finite)
             if kind == "train":
-                one = self._watch_first_trace(step.make_train_step(
+                one = self._watch_first_trace(self.traced_numbers.watch(step.make_train_step(
                     self.task, self.state.loss_trackers,
                     self.updaters("update" if split else mode, monitored=monitored,
                                   checks_finite=checks_finite),
                     self.precision, self.state.counters, hooks=self.hooks,
-                    capture=self.state.capture is not None, xla_gradients=split))
+                    capture=self.state.capture is not None, xla_gradients=split)))
             else:
                 one = step.make_test_step(self.task, self.state.loss_trackers)
             one = self._count_traces(one, f"{kind}_step" + ("_monitored" if monitored else ""))

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import pipeline_check
-from tapeworks.engine import autotune, config as config_lib, guards, retracing
+from tapeworks.engine import autotune, config as config_lib, guards, loss_graph, retracing
 from tapeworks.engine import precision as precision_lib
 from tapeworks.errors import ConfigError
 
@@ -77,6 +77,9 @@ class Explanation:
     tried: list                # [Change] measured without a gain
     findings: list             # the input pipeline checker's findings, as text
     profile_dir: str = None
+    # What changes what is learned, found in the task's losses' graph and in the Python
+    # numbers its step was traced with (the CorrectnessWarnings fit gives), as text.
+    correctness: list = dataclasses.field(default_factory=list)
 
     def to_dict(self):
         out = dataclasses.asdict(self)
@@ -113,6 +116,9 @@ class Explanation:
             lines.append("Tried, no gain: " + "; ".join(c.line() for c in self.tried))
         if self.findings:
             lines.append("Input pipeline findings: " + "; ".join(self.findings))
+        if self.correctness:
+            lines.append("What changes what is learned (not time):")
+            lines += [f"  - {message}" for message in self.correctness]
         if self.profile_dir:
             lines.append(f"Profiler trace: {self.profile_dir} (open with TensorBoard's "
                          "Profile tab: `tensorboard --logdir` on that folder)")
@@ -245,13 +251,16 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
     # The checker reads pipelines the user wrote; arrays get tapeworks' own.
     findings = ([f"{f.code}: {f.fix}" for f in pipeline_check.check(dataset, training=True)]
                 if isinstance(data, tf.data.Dataset) else [])
+    state = trial.state
+    correctness = (loss_graph.findings(state.task, state.element_spec, state.counters)
+                   + [message for _, message in trial.compiled.traced_numbers.messages()])
     return Explanation(
         batch_size=batch, steps=steps, mode=mode, steps_per_call=per_call,
         precision=trial.precision_policy, seconds_per_step=total, input_wait=wait,
         compute=compute, host=host, per_call=call_cost, pipeline_seconds_per_batch=pipeline,
         compile_seconds=compile_seconds, retraces=retraces,
         verdict=max(shares, key=shares.get), changes=helpful, tried=tried,
-        findings=findings, profile_dir=profile)
+        findings=findings, profile_dir=profile, correctness=correctness)
 
 
 def _precision_change():

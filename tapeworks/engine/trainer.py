@@ -20,7 +20,7 @@ import keras
 from tapeworks import distribute as distribute_lib
 from tapeworks.engine import data_stage as data_stage_lib, explanation
 from tapeworks.engine import config as config_lib
-from tapeworks.engine import evaluation, fit_checks, measuring, model_step, replicas
+from tapeworks.engine import evaluation, fit_checks, loss_graph, measuring, model_step, replicas
 from tapeworks.engine import resume as resume_lib
 from tapeworks.engine import retracing, rollback as rollback_lib, updater
 from tapeworks.engine import task as task_lib
@@ -514,6 +514,7 @@ class Trainer(evaluation.EvaluateAndPredict):
                     end_line.progress, end_line.steps, end_line.samples = (
                         progress, result.steps, result.samples)
                     callback_list.on_epoch_end(epoch, epoch_logs)
+                    self.compiled.traced_numbers.after_epoch()   # what callbacks changed
                     plan.announce_once(verbose)
                     data.announce_input_choice_once(verbose)
                     training_logs = epoch_logs
@@ -542,6 +543,7 @@ class Trainer(evaluation.EvaluateAndPredict):
         if not self._setup_checked:
             self._setup_checked = True
             fit_checks.check_something_trains(self.task)
+            loss_graph.check_task_losses(self.training_state)
 
     def _report_input(self, dataset, verbose):
         """After the first epoch (`diagnose_input=True`): whether training waits for data."""

@@ -18,6 +18,7 @@ from tapeworks.lint.findings import Finding, kept
 from tapeworks.lint.integers import RATIO_NAME, always_zero, is_count, is_int_tensor
 from tapeworks.lint.pipelines import DATASET_OPS, check_consumed, dataset_ops
 from tapeworks.lint.rules import PARSE_ERROR, RULES
+from tapeworks.lint.trace_time import TRACED_METHODS, RandomSources
 from tapeworks.lint.syntax import (LEAVES, call_name, children, dotted, has_keyword,
                                    is_persistent, is_tape_call, is_tf_function, root_name,
                                    target_key, walk)
@@ -34,6 +35,9 @@ MODEL_NAME = re.compile(
 TRAINING_DEPENDENT_LAYERS = {"Dropout", "BatchNormalization", "SpatialDropout1D",
                              "SpatialDropout2D", "SpatialDropout3D", "GaussianNoise",
                              "GaussianDropout", "AlphaDropout"}
+
+# Names that hold a tf.data pipeline by convention, where the file does not build it.
+DATASET_NAME = re.compile(r"(^|_)(ds|dataset)$", re.IGNORECASE)   # also make_dataset()
 
 # Methods that Keras' and tapeworks' loops run under their GradientTape.
 TAPED_METHODS = {"train_step", "compute_losses", "compute_loss"}
@@ -63,6 +67,7 @@ class _Checker(ast.NodeVisitor):
         self._inner_links = set()
         self._statement_values = set()
         self._assign_of = {}   # id(value) -> the Assign it is the value of
+        self.random = RandomSources(tree)   # for TW113
 
     # Plumbing -------------------------------------------------------------
 
@@ -117,6 +122,7 @@ class _Checker(ast.NodeVisitor):
         self.tapes, self.loops = ([node] if node.name in TAPED_METHODS and node.args.args
                                   and node.args.args[0].arg == "self" else []), []
         self.functions.append((node, is_tf))
+        self._check_random_at_trace(node, is_tf)
         self._enter_scope(node)
         for statement in node.body:
             self.visit(statement)
@@ -237,12 +243,36 @@ class _Checker(ast.NodeVisitor):
         if name.split(".")[-1] in ("floordiv", "truncatediv") and len(node.args) == 2 and \
                 all(self._is_int_tensor(a) for a in node.args):
             self.report(node, "TW110", expr=f"{name}(...)")
+        if attr == "map":
+            self._check_random_in_map(node)
         if id(node) not in self._inner_links:
             self._dataset_ops(node)  # checks map and shuffle on the way
         if attr in CONSUMERS or name == "iter":
             # A pipeline handed to training or iterated should end with prefetch.
             for arg in node.args[:1]:
                 self._check_consumed(arg)
+
+    def _check_random_at_trace(self, node, is_tf):
+        """TW113 in a tf.function, a Keras train/test step or a Task's compute_losses."""
+        method = node.name in TRACED_METHODS and node.args.args and \
+            node.args.args[0].arg == "self"
+        if not (is_tf or method):
+            return
+        where = (f"the tf.function `{node.name}`" if is_tf
+                 else f"`{node.name}` (traced into the training graph)")
+        for call, name in self.random.draws_in(node.body):
+            self.report(call, "TW113", call=name, where=where, unit="step")
+
+    def _check_random_in_map(self, call):
+        """TW113 in the function a tf.data pipeline's `.map()` traces."""
+        receiver = call.func.value
+        named = receiver.func if isinstance(receiver, ast.Call) else receiver   # make_dataset()
+        known = self._dataset_ops(receiver) is not None or (
+            bool(DATASET_NAME.search((dotted(named) or "").split(".")[-1]))
+            and self.random.maps_tf_data(call))
+        body, where = self.random.mapped_function(call) if known else (None, None)
+        for draw, name in self.random.draws_in(body or []):
+            self.report(draw, "TW113", call=name, where=where, unit="element")
 
     def _check_inference_mode_call(self, node):
         """TW112: a model the file knows, called with training=False, never frozen.
@@ -446,7 +476,8 @@ _TRIGGERS = re.compile(
     r"|\.(map|batch|padded_batch|shuffle)\("          # TW109
     r"|(?<![:/])//|floordiv|truncatediv"              # TW110 (not the // of a URL)
     r"|mixed_float16"                                 # TW111
-    r"|training\s*=\s*False")                          # TW112
+    r"|training\s*=\s*False"                          # TW112
+    r"|random\.")                                      # TW113
 
 
 def check_source(source, path="<string>", select=None, ignore=()):

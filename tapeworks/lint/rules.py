@@ -289,6 +289,38 @@ RULES = {rule.code: rule for rule in [
         "tapeworks' Trainer warns about the same at run time.",
         title="a model called with training=False but never frozen (its weights still train)",
     ),
+    Rule(
+        "TW113", "random-at-trace-time",
+        "`{call}` in {where} is drawn once, while tracing: every {unit} gets the same value",
+        "TensorFlow runs a function passed to `Dataset.map`, a tf.function, a Keras "
+        "`train_step` or a Task's `compute_losses` once as Python, to build a graph. A "
+        "NumPy or Python random number drawn there is drawn once and becomes a constant of "
+        "that graph: every element gets the same \"random\" crop, flip or noise, and "
+        "augmentation silently does nothing. TensorFlow's own random ops draw anew on every "
+        "run.",
+        """
+        def augment(image, label):
+            if np.random.rand() < 0.5:
+                image = tf.image.flip_left_right(image)
+            return image, label
+
+        dataset = dataset.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+        """,
+        """
+        def augment(image, label):
+            image = tf.image.stateless_random_flip_left_right(image, seed=(1, 2))
+            return image, label
+
+        dataset = dataset.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+        """,
+        "draw with TensorFlow: `tf.random.uniform(...)`, `tf.random.stateless_uniform(shape, "
+        "seed)` (with a seed per element, e.g. from `Dataset.enumerate`), "
+        "`keras.random.uniform(shape, seed=self.seed_generator)` in a layer or model, or "
+        "a Task's `self.random.uniform(...)`; or wrap the NumPy code in "
+        "`tf.numpy_function`, which runs it per element.",
+        title="NumPy's or Python's random inside Dataset.map, a tf.function or a train step "
+              "(drawn once, at trace time)",
+    ),
 ]}
 
 PARSE_ERROR = "TW000"

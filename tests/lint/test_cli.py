@@ -82,7 +82,7 @@ def test_explain_and_list():
     assert result.returncode == 0
     assert "Bad:" in result.stdout and "Good:" in result.stdout and "Fix:" in result.stdout
     listed = lint("--list").stdout.splitlines()
-    assert [line.split()[0] for line in listed] == [f"TW1{i:02d}" for i in range(1, 13)]
+    assert [line.split()[0] for line in listed] == [f"TW1{i:02d}" for i in range(1, 14)]
     assert not any("{" in line for line in listed)   # no raw message templates
 
 

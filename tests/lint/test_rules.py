@@ -348,6 +348,70 @@ CASES = [
             def compute_losses(self, batch, training):
                 return {"kd": f(self.teacher(batch, training=False), self.other(batch, training=False))}
         """),
+    ("TW113", """
+        def augment(image, label):
+            if np.random.rand() < 0.5:
+                image = tf.image.flip_left_right(image)
+            return image, label
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+        """, """
+        def augment(image, label):
+            return tf.image.stateless_random_flip_left_right(image, seed=(1, 2)), label
+        def jitter(image):
+            return image + np.random.normal(size=image.shape)
+        def augment_numpy(image, label):
+            return tf.numpy_function(jitter, [image], tf.float32), label
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(augment_numpy, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(lambda a, b: (tf.numpy_function(jitter, [a], tf.float32), b),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        frame["noisy"] = frame["value"].map(lambda v: v + np.random.rand())
+        indices = np.random.permutation(len(x))
+        """),
+    ("TW113", """
+        import random
+        train_ds = make_dataset().map(
+            lambda x, y: (x * random.uniform(0.9, 1.1), y), num_parallel_calls=4)
+        """, """
+        import random
+        scale = random.uniform(0.9, 1.1)
+        train_ds = make_dataset().map(
+            lambda x, y: (x * tf.random.uniform([], 0.9, 1.1), y), num_parallel_calls=4)
+        words = list(map(lambda w: w + random.choice("ab"), words))
+        """),
+    ("TW113", """
+        def load(ds):
+            return ds.map(lambda x: x + np.random.normal(), num_parallel_calls=4)
+        """, """
+        import datasets
+        ds = datasets.load_dataset("imdb", split="train")
+        ds = ds.map(lambda example: {"noise": np.random.rand()})
+        """),
+    ("TW113", """
+        rng = np.random.default_rng(0)
+        class VAE(tapeworks.Task):
+            def compute_losses(self, batch, training):
+                eps = rng.normal(size=(32, 8))
+                return {"loss": f(batch, eps)}
+        @tf.function
+        def step(x):
+            return x + np.random.normal()
+        """, """
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(32, 8))
+        class VAE(tapeworks.Task):
+            def compute_losses(self, batch, training):
+                eps = self.random.normal((32, 8))
+                np.random.seed(0)
+                return {"loss": f(batch, eps)}
+        @tf.function
+        def step(x):
+            return x + tf.random.normal([])
+        def evaluate_host_side():
+            return np.random.rand()
+        """),
 ]
 
 
