@@ -96,7 +96,7 @@ def check_task_losses(state):
     if replicas.is_replicated(state.strategy):
         return
     for message in findings(state.task, state.element_spec, state.counters):
-        warn(message, CorrectnessWarning)
+        warn(message, CorrectnessWarning, section="task-losses")
 
 
 def findings(task, element_spec, counters):

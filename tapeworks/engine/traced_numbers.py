@@ -173,7 +173,7 @@ class TracedNumbers:
         for name, message in self.messages():
             if name not in self.warned:
                 self.warned.add(name)
-                warn(message, CorrectnessWarning)
+                warn(message, CorrectnessWarning, section="task-losses")
 
 
 def _same(a, b):
