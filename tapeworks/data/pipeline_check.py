@@ -162,6 +162,37 @@ def in_memory(graph):
         node.op in NOTHING_TO_TUNE for node in chain[1:])
 
 
+# Steps that keep only part of the source's elements: its arrays are not what is read.
+SUBSETS = {"TakeDataset", "SkipDataset", "ShardDataset", "FilterDataset"}
+
+
+def source_arrays(graph):
+    """The arrays an in-memory pipeline slices (`in_memory`), flat in element order, or None.
+
+    They are constants of the graph already read, so nothing is iterated
+    (an iterator would advance a shuffle's seed and change the training
+    order). None when a step keeps only part of them (take, skip, shard) or
+    a component is not a constant; a component that is not numbers (strings)
+    is None in the list.
+    """
+    if not in_memory(graph):
+        return None
+    chain = pipeline_chain(graph)
+    if chain[0].op != "TensorSliceDataset" or any(node.op in SUBSETS for node in chain):
+        return None
+    nodes = {n.name: n for n in graph.node}
+    arrays = []
+    for name in chain[0].input:
+        node = nodes.get(_input_name(name))
+        if node is None or node.op != "Const":
+            return None
+        tensor = node.attr["value"].tensor
+        dtype = tf.as_dtype(tensor.dtype)
+        numbers = dtype.is_floating or dtype.is_integer or dtype.is_bool
+        arrays.append(tf.make_ndarray(tensor) if numbers else None)
+    return arrays
+
+
 def replays_identically(graph):
     """True when every new iterator of the pipeline yields the same batches in the same order.
 
