@@ -42,13 +42,14 @@ class CallLoop:
         self.replication = replication
         self.rollback = rollback      # rollback.RollbackPath
         # The watches after each call, over the built state.
-        self.nonfinite = nonfinite_lib.NonFinitePolicy(
-            config.on_nonfinite, state.guard, state.task, state.counters,
-            config.nonfinite_dir, replication.local_batch)
-        self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
-                                                   config.accumulate, state.update_states[0])
         self.dead = gradient_health.DeadGradientWatch(
             state.dead_gradients, config.dead_gradient_steps, state.layer_owners)
+        self.nonfinite = nonfinite_lib.NonFinitePolicy(
+            config.on_nonfinite, state.guard, state.task, state.counters,
+            config.nonfinite_dir, replication.local_batch,
+            gradient_history=lambda: self.dead.history)
+        self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
+                                                   config.accumulate, state.update_states[0])
         self.captures = capture_lib.CaptureDelivery(state.capture)
         self.host_step = 0            # the step counter as the host last knew it
 
@@ -94,7 +95,7 @@ class CallLoop:
             batches.consumed(ran)
             if ran:
                 self.host_step += ran
-                self.dead.after_call(ran)
+                self.dead.after_call(ran, self.host_step)
                 # A monitored call is measured too: one monitored step in a
                 # call is part of what training with the monitor costs.
                 planner.record(planned, num_steps, ran, samples, seconds)
