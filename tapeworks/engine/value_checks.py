@@ -246,4 +246,4 @@ def check_pipeline_targets(task, element_spec, values, name):
             or len(element_spec) < 2:
         return
     guards.check_targets(element_spec[1], task.network, task.network.loss,
-                         name=f"{name}'s y", values=_rows(values.y))
+                         name=f"y` of `{name}", values=_rows(values.y))
