@@ -77,6 +77,9 @@ class Explanation:
     tried: list                # [Change] measured without a gain
     findings: list             # the input pipeline checker's findings, as text
     profile_dir: str = None
+    # What the trainer's fits found wrong with the data's values (a majority class behind
+    # accuracy, validation inputs on another scale): `DataStage.value_findings`, as text.
+    correctness: list = dataclasses.field(default_factory=list)
 
     def to_dict(self):
         out = dataclasses.asdict(self)
@@ -113,6 +116,9 @@ class Explanation:
             lines.append("Tried, no gain: " + "; ".join(c.line() for c in self.tried))
         if self.findings:
             lines.append("Input pipeline findings: " + "; ".join(self.findings))
+        if self.correctness:
+            lines.append("Found while fitting (what is learned, not speed):")
+            lines += [f"  - {text.removeprefix('tapeworks: ')}" for text in self.correctness]
         if self.profile_dir:
             lines.append(f"Profiler trace: {self.profile_dir} (open with TensorBoard's "
                          "Profile tab: `tensorboard --logdir` on that folder)")
@@ -251,7 +257,8 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
         compute=compute, host=host, per_call=call_cost, pipeline_seconds_per_batch=pipeline,
         compile_seconds=compile_seconds, retraces=retraces,
         verdict=max(shares, key=shares.get), changes=helpful, tried=tried,
-        findings=findings, profile_dir=profile)
+        findings=findings, profile_dir=profile,
+        correctness=list(trial.data_stage.value_findings.values()))
 
 
 def _precision_change():

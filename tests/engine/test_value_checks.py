@@ -203,3 +203,21 @@ def test_masks_of_0_and_255_in_an_in_memory_pipeline_are_refused_before_training
     # The same masks in [0, 1] train.
     Trainer(classifier(metrics=()), jit_compile=False).fit(
         tf.data.Dataset.from_tensor_slices((x, masks / 255.0)).batch(16), epochs=1, verbose=0)
+
+
+# In `explain` ------------------------------------------------------------------------
+
+def test_explain_lists_what_the_fits_found_in_the_data():
+    trainer = Trainer(classifier(), jit_compile=False)
+    x, y = features(200), labels(200, 10)
+    quiet = Trainer(classifier(), jit_compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(x, y, epochs=1, batch_size=50, verbose=0)
+        quiet.fit(x, labels(200, 100), epochs=1, batch_size=50, verbose=0)
+    explanation = trainer.explain((x, y), steps=2, batch_size=50, try_xla=False)
+    assert len(explanation.correctness) == 1
+    assert "accuracy is the only metric" in explanation.correctness[0]
+    assert "Found while fitting" in str(explanation)
+    assert "95.0% of the labels `y`" in str(explanation)
+    assert quiet.explain((x, y), steps=2, batch_size=50, try_xla=False).correctness == []
