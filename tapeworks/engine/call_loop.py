@@ -19,6 +19,7 @@ from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import gradient_health
 from tapeworks.engine import monitor as monitor_lib
 from tapeworks.engine import nonfinite as nonfinite_lib
+from tapeworks.engine import value_checks
 from tapeworks.errors import DataSpecError
 
 logger = logging.getLogger("tapeworks")
@@ -51,6 +52,7 @@ class CallLoop:
         self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
                                                    config.accumulate, state.update_states[0])
         self.captures = capture_lib.CaptureDelivery(state.capture)
+        self.cross_entropy = value_checks.NegativeCrossEntropyWatch(state.task)
         self.host_step = 0            # the step counter as the host last knew it
 
     def start_fit(self):
@@ -127,6 +129,7 @@ class CallLoop:
                 restarted = True
         if steps_done == 0:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
+        self.cross_entropy.after_epoch(epoch, logs, batches.prepared.name)
         return EpochResult(steps_done, samples_done, logs)
 
     def run_call(self, planned, iterator, num_steps, steps_done=0, monitored=None,

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tapeworks.engine import guards
 from tapeworks.engine import task as task_lib
+from tapeworks.errors import CorrectnessWarning, warn
 
 # A majority class this large makes accuracy meaningless on its own: a model
 # that always predicts it scores 0.9. It is the edge of what Google's Machine
@@ -234,6 +235,46 @@ def scale_message(train, validation, train_name, validation_name):
 
 
 # Probability targets in a pipeline ----------------------------------------------------
+
+class NegativeCrossEntropyWatch:
+    """At an epoch's end: a cross-entropy below zero, which targets in [0, 1] cannot give.
+
+    For data that is not read before training (a pipeline that maps or reads
+    files): Keras' binary and categorical cross-entropies are at least 0 for
+    every prediction when the targets are probabilities, so an epoch's mean
+    loss below 0 means targets outside [0, 1] (masks of 0/255), and the loss
+    falls without bound. One read of the epoch's logs, which the host holds
+    anyway; models with regularisation or `add_loss` terms are not judged
+    (their terms are part of the logged loss). Warned once.
+    """
+
+    def __init__(self, task):
+        self.task = task
+        self.warned = False
+
+    def after_epoch(self, epoch, logs, name):
+        task = self.task
+        if self.warned or not isinstance(task, task_lib.SupervisedTask):
+            return
+        model = task.network
+        loss = logs.get("loss")
+        if loss is None or not np.isfinite(loss) or loss >= 0 \
+                or not guards.expects_probability_targets(model.loss) or model.losses \
+                or any(getattr(layer, attribute, None) is not None
+                       for layer in task_lib.layers_of([model])
+                       for attribute in ("kernel_regularizer", "bias_regularizer",
+                                         "activity_regularizer")):
+            return
+        self.warned = True
+        loss_name = getattr(model.loss, "name", None) or getattr(
+            model.loss, "__name__", None) or str(model.loss)
+        warn(f"tapeworks: the loss `{loss_name}` averaged {float(loss):.4g} over epoch "
+             f"{epoch + 1}, below 0, which a cross-entropy never is for targets in [0, 1]: the "
+             f"labels in `{name}` hold values outside [0, 1] (masks stored as 0/255?), so the "
+             "loss falls without bound while the model learns nothing useful. Fix: scale the "
+             "targets to [0, 1] in the pipeline (`.map(lambda x, y: (x, y / 255))`), or use "
+             "a loss for values, such as `mse`.", CorrectnessWarning)
+
 
 def check_pipeline_targets(task, element_spec, values, name):
     """Raises `DataSpecError` for an in-memory pipeline's labels that its loss cannot take.

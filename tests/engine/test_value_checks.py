@@ -29,10 +29,10 @@ def classifier(units=1, metrics=("accuracy",), loss="binary_crossentropy"):
     return model
 
 
-def fit_messages(model, x, y=None, **fit):
+def fit_messages(model, x, y=None, epochs=1, **fit):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        Trainer(model, jit_compile=False).fit(x, y, epochs=1, verbose=0, **fit)
+        Trainer(model, jit_compile=False).fit(x, y, epochs=epochs, verbose=0, **fit)
     return [str(w.message) for w in caught if issubclass(w.category, CorrectnessWarning)]
 
 
@@ -221,3 +221,33 @@ def test_explain_lists_what_the_fits_found_in_the_data():
     assert "Found while fitting" in str(explanation)
     assert "95.0% of the labels `y`" in str(explanation)
     assert quiet.explain((x, y), steps=2, batch_size=50, try_xla=False).correctness == []
+
+
+def masks_pipeline(scale):
+    """Masks read through a map (not in memory: nothing is read before training)."""
+    x = features(128)
+    masks = np.where(x[:, :1] > 0.5, 255.0, 0.0).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, masks)).map(
+        lambda a, b: (a, b / scale)).batch(16)
+
+
+def mask_model(regularised=False):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+        1, activation="sigmoid", kernel_regularizer="l2" if regularised else None)])
+    model.compile(keras.optimizers.Adam(0.1), "binary_crossentropy")
+    return model
+
+
+def test_a_cross_entropy_below_zero_after_an_epoch_names_targets_outside_0_1():
+    keras.utils.set_random_seed(0)
+    found = about(fit_messages(mask_model(), masks_pipeline(1.0), epochs=4), "below 0")
+    assert len(found) == 1   # once, at the first epoch whose mean is below 0
+    assert "over epoch" in found[0] and "labels in `x` hold values outside [0, 1]" in found[0]
+    assert "y / 255" in found[0]
+
+
+@pytest.mark.parametrize("scale,regularised", [(255.0, False), (1.0, True)])
+def test_no_negative_loss_warning_for_targets_in_0_1_or_a_regularised_model(scale, regularised):
+    keras.utils.set_random_seed(0)
+    assert about(fit_messages(mask_model(regularised), masks_pipeline(scale), epochs=4),
+                 "below 0") == []
