@@ -8,6 +8,7 @@ the fix.
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from tapeworks.docs_links import see_docs
@@ -189,8 +190,17 @@ def source_arrays(graph):
         tensor = node.attr["value"].tensor
         dtype = tf.as_dtype(tensor.dtype)
         numbers = dtype.is_floating or dtype.is_integer or dtype.is_bool
-        arrays.append(tf.make_ndarray(tensor) if numbers else None)
+        arrays.append(_const_array(tensor, dtype) if numbers else None)
     return arrays
+
+
+def _const_array(tensor, dtype):
+    """A constant's value; a read-only view of its bytes where it has them (no copy to parse)."""
+    content = tensor.tensor_content   # each read of the field copies its bytes
+    if not content:
+        return tf.make_ndarray(tensor)
+    shape = [d.size for d in tensor.tensor_shape.dim]
+    return np.frombuffer(content, dtype.as_numpy_dtype).reshape(shape)
 
 
 def replays_identically(graph):
