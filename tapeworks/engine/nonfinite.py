@@ -153,7 +153,7 @@ class NonFiniteReport:
     loss_term: str = None      # a non-finite loss term while every layer output is finite
     largest_output: float = float("nan")   # the largest finite magnitude of any layer output
     # At the kept weights on this batch: the gradients' global norm over their
-    # finite values (float64), the variable with the largest, and the sum over
+    # finite values (in Python floats), the variable with the largest, and the sum over
     # variables of their largest finite magnitudes (the history's measure or
     # less: see `gradient_health.GradientSize`).
     gradient_norm: float = float("nan")
@@ -307,19 +307,26 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None,
 
 
 def _measure_gradients(report, updates, gradients, history):
-    """The gradients' size at the kept weights (float64), and whether they grew before."""
+    """The gradients' size at the kept weights, and whether they grew before.
+
+    Over each gradient's finite values; its norm is taken as largest magnitude
+    x the norm of the values divided by it, which float32 holds where the
+    plain sum of squares overflows (the guard's reason to stop, here).
+    """
     squares, size, largest = 0.0, 0.0, (0.0, None)
     for update in updates:
         for variable, gradient in zip(update.variables(), gradients[update.name]):
             if gradient is None:
                 continue
-            values = tf.convert_to_tensor(gradient).numpy().astype(np.float64)
-            values = np.abs(values[np.isfinite(values)])
-            if values.size == 0:
+            values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+            values = tf.cast(values, tf.float32)
+            values = tf.abs(tf.where(tf.math.is_finite(values), values, tf.zeros_like(values)))
+            peak = float(tf.reduce_max(values)) if tf.size(values) > 0 else 0.0
+            if peak == 0.0:
                 continue
-            norm = float(np.sqrt(np.sum(np.square(values))))
+            norm = peak * float(tf.math.reduce_euclidean_norm(values / peak))
             squares += norm * norm
-            size += float(values.max())
+            size += peak
             if norm > largest[0]:
                 largest = (norm, getattr(variable, "path", variable.name))
     if largest[1] is not None:
