@@ -336,16 +336,22 @@ def _measure_gradients(report, updates, gradients, history):
 
 
 def measure_gradient_growth(report, history):
-    """Sets `report.growth` when the gradients grew EXPLODED-fold: from the smallest size in
-    `history` (`GradientSize`, oldest first) to the latest, or to this step's own."""
+    """Sets `report.growth` when the gradients grew EXPLODED-fold: from their typical size in
+    `history` (`GradientSize`, oldest first; the entry of median size) to the latest, or to
+    this step's own.
+
+    The median, not the smallest: gradients that had all but vanished near a
+    perfect fit make any later batch look like a jump from the smallest.
+    """
     sizes = [entry for entry in history if entry.size > 0]
     if np.isfinite(report.gradient_size) and report.gradient_size > 0:
         # This step's own gradients, measured as the history's are or smaller.
         sizes.append(GradientSize(report.step, report.step, report.gradient_size))
     if len(sizes) >= 2:
-        earliest = min(sizes[:-1], key=lambda entry: entry.size)
-        if sizes[-1].size >= EXPLODED * earliest.size:
-            report.growth = (earliest, sizes[-1])
+        before = sorted(sizes[:-1], key=lambda entry: entry.size)
+        typical = before[len(before) // 2]
+        if sizes[-1].size >= EXPLODED * typical.size:
+            report.growth = (typical, sizes[-1])
 
 
 def _exploded(report):

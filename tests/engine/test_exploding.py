@@ -30,11 +30,12 @@ def test_a_diverging_run_is_named_as_exploding_gradients_with_clipping_as_the_fi
         trainer.fit(x, y, batch_size=32, epochs=5, verbose=0)
     text, report = str(caught.value), caught.value.report
     assert "Exploding gradients" in text and "global_clipnorm=1.0" in text
-    earliest, latest = report.growth
-    # One step a call: the history starts at the first step.
-    assert (earliest.first, earliest.last) == (0, 0)
-    assert latest.size >= nonfinite.EXPLODED * earliest.size
-    assert f"{latest.size / earliest.size:.3g}-fold" in text
+    typical, latest = report.growth
+    # One step a call: the history holds steps before the bad one.
+    assert typical.last < report.step
+    assert latest.size >= nonfinite.EXPLODED * typical.size
+    assert f"{latest.size / typical.size:.3g}-fold" in text
+    assert f"over steps {typical.first}-{typical.last}" in text
 
 
 def test_a_log_of_zero_keeps_its_message():
@@ -95,3 +96,15 @@ def test_steady_gradients_are_not_called_exploding():
     found = report(first_layer=layer, batch_largest=2.0)
     nonfinite.measure_gradient_growth(found, steady)
     assert found.growth is None
+
+
+def test_growth_is_measured_from_the_typical_size_not_the_smallest():
+    # Gradients that all but vanished (a near-perfect fit), then one ordinary batch.
+    vanished = [gradient_health.GradientSize(0, 0, 50.0), gradient_health.GradientSize(1, 1, 40.0),
+                gradient_health.GradientSize(2, 3, 1e-3), gradient_health.GradientSize(4, 7, 45.0)]
+    found = report()
+    nonfinite.measure_gradient_growth(found, vanished)
+    assert found.growth is None
+    exploded = vanished + [gradient_health.GradientSize(8, 15, 4.5e4)]
+    nonfinite.measure_gradient_growth(found, exploded)
+    assert found.growth == (gradient_health.GradientSize(4, 7, 45.0), exploded[-1])
