@@ -230,14 +230,16 @@ def scale_message(train, validation, train_name, validation_name):
                else f"{shift:.3g} training spreads away")
         return (f"tapeworks: the inputs of {validation_name}{which} span {span(after)}, the "
                 f"training inputs {train_name} {span(before)} (1st to 99th percentile, "
-                f"median over {int(usable.sum())} feature(s)): {how}. The validation data "
-                "was prepared differently from the training data, so val_loss and the "
-                "validation metrics judge inputs unlike any the model trained on (accuracy "
-                "may hide it while val_loss is far above loss). Fix: apply the training "
-                "inputs' preprocessing to the validation inputs too (the same scaling, "
-                "e.g. `x_val / 255.0`, or the same fitted scaler), or move it into the "
-                "model (`keras.layers.Rescaling`, `keras.layers.Normalization`) so every "
-                "input gets it.")
+                f"median over {int(usable.sum())} feature(s)): {how}. Either the validation "
+                "data was prepared differently from the training data (a scaling step applied "
+                "to one only), or it lies where the training data never reached; either way "
+                "val_loss and the validation metrics judge inputs unlike any the model trained "
+                "on (accuracy may hide it while val_loss is far above loss). Fix: apply the "
+                "training inputs' preprocessing to the validation inputs too (the same "
+                "scaling, e.g. `x_val / 255.0`, or the same fitted scaler), or move it into "
+                "the model (`keras.layers.Rescaling`, `keras.layers.Normalization`) so every "
+                "input gets it; for data that grows over time, train on a scale both share "
+                "(logs, differences).")
     return None
 
 
