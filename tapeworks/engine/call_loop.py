@@ -35,7 +35,7 @@ class EpochResult:
 class CallLoop:
     """Runs the planned calls of one Trainer's epochs."""
 
-    def __init__(self, plan, compiled, state, config, replication, rollback):
+    def __init__(self, plan, compiled, state, config, replication, rollback, findings=None):
         self.plan = plan
         self.compiled = compiled
         self.state = state
@@ -52,7 +52,8 @@ class CallLoop:
         self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
                                                    config.accumulate, state.update_states[0])
         self.captures = capture_lib.CaptureDelivery(state.capture)
-        self.cross_entropy = value_checks.NegativeCrossEntropyWatch(state.task)
+        # Its finding joins the data stage's (`findings`), which `explain` lists.
+        self.cross_entropy = value_checks.NegativeCrossEntropyWatch(state.task, findings)
         self.host_step = 0            # the step counter as the host last knew it
 
     def start_fit(self):

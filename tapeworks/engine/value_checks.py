@@ -257,8 +257,9 @@ class NegativeCrossEntropyWatch:
     (their terms are part of the logged loss). Warned once.
     """
 
-    def __init__(self, task):
+    def __init__(self, task, findings=None):
         self.task = task
+        self.findings = findings   # a dict its warning is recorded in, by kind, or None
         self.warned = False
 
     def after_epoch(self, epoch, logs, name):
@@ -277,12 +278,16 @@ class NegativeCrossEntropyWatch:
         self.warned = True
         loss_name = getattr(model.loss, "name", None) or getattr(
             model.loss, "__name__", None) or str(model.loss)
-        warn(f"tapeworks: the loss `{loss_name}` averaged {float(loss):.4g} over epoch "
-             f"{epoch + 1}, below 0, which a cross-entropy never is for targets in [0, 1]: the "
-             f"labels in `{name}` hold values outside [0, 1] (masks stored as 0/255?), so the "
-             "loss falls without bound while the model learns nothing useful. Fix: scale the "
-             "targets to [0, 1] in the pipeline (`.map(lambda x, y: (x, y / 255))`), or use "
-             "a loss for values, such as `mse`.", CorrectnessWarning)
+        message = (
+            f"tapeworks: the loss `{loss_name}` averaged {float(loss):.4g} over epoch "
+            f"{epoch + 1}, below 0, which a cross-entropy never is for targets in [0, 1]: the "
+            f"labels in `{name}` hold values outside [0, 1] (masks stored as 0/255?), so the "
+            "loss falls without bound while the model learns nothing useful. Fix: scale the "
+            "targets to [0, 1] in the pipeline (`.map(lambda x, y: (x, y / 255))`), or use "
+            "a loss for values, such as `mse`.")
+        if self.findings is not None:
+            self.findings["negative cross-entropy"] = message
+        warn(message, CorrectnessWarning)
 
 
 def check_pipeline_targets(task, element_spec, values, name):

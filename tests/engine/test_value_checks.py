@@ -240,10 +240,16 @@ def mask_model(regularised=False):
 
 def test_a_cross_entropy_below_zero_after_an_epoch_names_targets_outside_0_1():
     keras.utils.set_random_seed(0)
-    found = about(fit_messages(mask_model(), masks_pipeline(1.0), epochs=4), "below 0")
+    trainer = Trainer(mask_model(), jit_compile=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(masks_pipeline(1.0), epochs=4, verbose=0)
+    found = about([str(w.message) for w in caught], "below 0")
     assert len(found) == 1   # once, at the first epoch whose mean is below 0
     assert "over epoch" in found[0] and "labels in `x` hold values outside [0, 1]" in found[0]
     assert "y / 255" in found[0]
+    # Kept with the data's findings, which `explain` lists.
+    assert list(trainer.data_stage.value_findings.values()) == [found[0]]
 
 
 @pytest.mark.parametrize("scale,regularised", [(255.0, False), (1.0, True)])
