@@ -73,7 +73,15 @@ class Values:
 
     @classmethod
     def of_elements(cls, element_spec, flat):
-        """From an in-memory pipeline's source arrays (`pipeline_check.source_arrays`)."""
+        """From an in-memory pipeline's source arrays (`pipeline_check.source_arrays`).
+
+        None unless each component is a plain tensor (ragged and sparse ones
+        are stored as several, or encoded).
+        """
+        specs = tf.nest.flatten(element_spec)
+        if len(specs) != len(flat) or not all(
+                isinstance(spec, tf.TensorSpec) for spec in specs):
+            return None
         if not isinstance(element_spec, tuple) or len(element_spec) not in (2, 3):
             x = _flat_arrays(tf.nest.pack_sequence_as(element_spec, flat))
             return cls(x=x and [_rows(a) for a in x])

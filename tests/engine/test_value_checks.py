@@ -257,3 +257,13 @@ def test_no_negative_loss_warning_for_targets_in_0_1_or_a_regularised_model(scal
     keras.utils.set_random_seed(0)
     assert about(fit_messages(mask_model(regularised), masks_pipeline(scale), epochs=4),
                  "below 0") == []
+
+
+def test_pipelines_of_ragged_or_sparse_tensors_are_not_read_and_still_train():
+    ragged = tf.ragged.constant([[1.0], [2.0, 3.0], [4.0], [5.0, 6.0]])
+    sliced = tf.data.Dataset.from_tensor_slices((ragged, np.array([0, 1, 0, 1])))
+    assert value_checks.Values.of_elements(sliced.element_spec, [None, None, None]) is None
+    sparse = tf.sparse.from_dense(np.eye(4, dtype="float32"))
+    dataset = tf.data.Dataset.from_tensor_slices((sparse, np.arange(4.0)[:, None])).batch(2)
+    model = keras.Sequential([keras.Input((4,), sparse=True), keras.layers.Dense(1)])
+    Trainer(model, "sgd", "mse", jit_compile=False).fit(dataset, epochs=1, verbose=0)
