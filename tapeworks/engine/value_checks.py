@@ -198,7 +198,7 @@ class Spread:
 
     @classmethod
     def of(cls, array):
-        if array.dtype.kind not in "iuf" or array.ndim < 1 or len(array) == 0:
+        if array.dtype.kind not in "iuf" or array.ndim < 1 or array.size == 0:
             return None
         rows = _rows(array)
         features = rows.shape[-1] if rows.ndim > 1 else 1
