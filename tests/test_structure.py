@@ -43,6 +43,7 @@ LAYERS = {
     "tapeworks.engine.model_step": 0,
     "tapeworks.engine.step": 0,
     "tapeworks.engine.guards": 0,
+    "tapeworks.engine.value_checks": 0,
     "tapeworks.engine.gradient_health": 0,
     "tapeworks.engine.monitor": 0,
     "tapeworks.engine.capture": 0,

@@ -8,6 +8,7 @@ the fix.
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from tapeworks.data import utility_pipelines
@@ -202,6 +203,46 @@ def in_memory(graph):
     chain = pipeline_chain(graph)
     return bool(chain) and chain[0].op in IN_MEMORY_SOURCES and all(
         node.op in NOTHING_TO_TUNE for node in chain[1:])
+
+
+# Steps that keep only part of the source's elements: its arrays are not what is read.
+SUBSETS = {"TakeDataset", "SkipDataset", "ShardDataset", "FilterDataset"}
+
+
+def source_arrays(graph):
+    """The arrays an in-memory pipeline slices (`in_memory`), flat in element order, or None.
+
+    They are constants of the graph already read, so nothing is iterated
+    (an iterator would advance a shuffle's seed and change the training
+    order). None when a step keeps only part of them (take, skip, shard) or
+    a component is not a constant; a component that is not numbers (strings)
+    is None in the list.
+    """
+    if not in_memory(graph):
+        return None
+    chain = pipeline_chain(graph)
+    if chain[0].op != "TensorSliceDataset" or any(node.op in SUBSETS for node in chain):
+        return None
+    nodes = {n.name: n for n in graph.node}
+    arrays = []
+    for name in chain[0].input:
+        node = nodes.get(_input_name(name))
+        if node is None or node.op != "Const":
+            return None
+        tensor = node.attr["value"].tensor
+        dtype = tf.as_dtype(tensor.dtype)
+        numbers = dtype.is_floating or dtype.is_integer or dtype.is_bool
+        arrays.append(_const_array(tensor, dtype) if numbers else None)
+    return arrays
+
+
+def _const_array(tensor, dtype):
+    """A constant's value; a read-only view of its bytes where it has them (no copy to parse)."""
+    content = tensor.tensor_content   # each read of the field copies its bytes
+    if not content:
+        return tf.make_ndarray(tensor)
+    shape = [d.size for d in tensor.tensor_shape.dim]
+    return np.frombuffer(content, dtype.as_numpy_dtype).reshape(shape)
 
 
 def replays_identically(graph):

@@ -19,6 +19,7 @@ from tapeworks.engine import capture as capture_lib
 from tapeworks.engine import gradient_health
 from tapeworks.engine import monitor as monitor_lib
 from tapeworks.engine import nonfinite as nonfinite_lib
+from tapeworks.engine import value_checks
 from tapeworks.errors import DataSpecError
 
 logger = logging.getLogger("tapeworks")
@@ -34,7 +35,7 @@ class EpochResult:
 class CallLoop:
     """Runs the planned calls of one Trainer's epochs."""
 
-    def __init__(self, plan, compiled, state, config, replication, rollback):
+    def __init__(self, plan, compiled, state, config, replication, rollback, findings=None):
         self.plan = plan
         self.compiled = compiled
         self.state = state
@@ -42,14 +43,17 @@ class CallLoop:
         self.replication = replication
         self.rollback = rollback      # rollback.RollbackPath
         # The watches after each call, over the built state.
-        self.nonfinite = nonfinite_lib.NonFinitePolicy(
-            config.on_nonfinite, state.guard, state.task, state.counters,
-            config.nonfinite_dir, replication.local_batch)
-        self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
-                                                   config.accumulate, state.update_states[0])
         self.dead = gradient_health.DeadGradientWatch(
             state.dead_gradients, config.dead_gradient_steps, state.layer_owners)
+        self.nonfinite = nonfinite_lib.NonFinitePolicy(
+            config.on_nonfinite, state.guard, state.task, state.counters,
+            config.nonfinite_dir, replication.local_batch,
+            gradient_history=lambda: self.dead.history)
+        self.monitor = monitor_lib.MonitorSchedule(state.monitors, config.monitor_every,
+                                                   config.accumulate, state.update_states[0])
         self.captures = capture_lib.CaptureDelivery(state.capture)
+        # Its finding joins the data stage's (`findings`), which `explain` lists.
+        self.cross_entropy = value_checks.NegativeCrossEntropyWatch(state.task, findings)
         self.host_step = 0            # the step counter as the host last knew it
 
     def start_fit(self):
@@ -97,7 +101,7 @@ class CallLoop:
             batches.consumed(ran)
             if ran:
                 self.host_step += ran
-                self.dead.after_call(ran)
+                self.dead.after_call(ran, self.host_step)
                 if monitored:
                     call_logs.update(self.monitor.deliver(
                         callbacks.callbacks, monitored, self.host_step - ran,
@@ -132,6 +136,7 @@ class CallLoop:
                 restarted = True
         if steps_done == 0:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
+        self.cross_entropy.after_epoch(epoch, logs, batches.prepared.name)
         return EpochResult(steps_done, samples_done, logs)
 
     def run_call(self, planned, iterator, num_steps, steps_done=0, monitored=None,

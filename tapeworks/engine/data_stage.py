@@ -20,6 +20,7 @@ from tapeworks.data.pipeline import without_autotuning
 from tapeworks.engine import inputs
 from tapeworks.engine import task as task_lib
 from tapeworks.engine import input_planner as input_planner_lib
+from tapeworks.engine import value_checks
 from tapeworks.errors import (ConfigError, CorrectnessWarning, DataSpecError, PerformanceWarning,
                               warn)
 
@@ -98,8 +99,11 @@ class DataStage:
         self.check_pipelines = check_pipelines
         self.findings = []   # the findings on the last dataset read
         # user dataset -> (findings, train it without tf.data's autotuning model?,
-        # does every new iterator yield the same batches?)
+        # does every new iterator yield the same batches?, its values when it
+        # slices arrays in memory (`value_checks.Values`) or None)
         self._read = weakref.WeakKeyDictionary()
+        # The value checks' warnings given by this stage, each kind once per trainer.
+        self.value_findings = {}
         # The input planner of the last built pipeline fitted on (a weak reference
         # to that pipeline, the planner): measuring goes on across fit calls.
         self._input_planning = (None, None)
@@ -123,6 +127,7 @@ class DataStage:
             class_weight=class_weight, steps_per_epoch=steps_per_epoch,
             validation_split=validation_split, validation_data=validation_data,
             validation_batch_size=validation_batch_size, validation_steps=validation_steps)
+        self._check_values(x, train, validation_data, validation, class_weight)
         if not train.reusable and steps_per_epoch is None and epochs_to_run > 1:
             raise DataSpecError(
                 f"`x` is a generator object, which can be read only once, and fit was asked "
@@ -132,6 +137,30 @@ class DataStage:
                 "generator endless and set `steps_per_epoch`.")
         planner = self._input_planner_for(x, train, steps_per_epoch) if plan_input else None
         return FitData(train, validation, planner)
+
+    def _values(self, x, prepared):
+        """`value_checks.Values` of data in memory (arrays, in-memory pipelines), else None."""
+        if prepared.arrays is not None:
+            return value_checks.Values.of_arrays(prepared.arrays)
+        if isinstance(x, tf.data.Dataset):
+            return self._read.get(x, (None,) * 4)[3]
+        return None
+
+    def _check_values(self, x, train, validation_data, validation, class_weight):
+        """The value checks of fit's data (`value_checks`): warnings, each kind once."""
+        values = self._values(x, train)
+        labels = "`y`" if train.arrays is not None else f"in `{train.name}`"
+        found = {"majority": value_checks.majority_message(self.task, values, labels,
+                                                           class_weight)}
+        if validation is not None and validation_data is not None:
+            # Not for validation_split: both parts are the same arrays, prepared alike.
+            found["scale"] = value_checks.scale_message(
+                values, self._values(validation_data, validation), f"`{train.name}`",
+                "`validation_data`")
+        for kind, message in found.items():
+            if message is not None and kind not in self.value_findings:
+                self.value_findings[kind] = message
+                warn(message, CorrectnessWarning)
 
     def _input_planner_for(self, x, train, steps_per_epoch):
         """The input planner for a built pipeline (kept across fits on it), else None.
@@ -197,10 +226,13 @@ class DataStage:
                 # Sliced from memory, tf.data's model now off: nothing left to choose.
                 prepared.parallelism = None
             prepared.dataset = read
-            if self._read.get(x, (None, None, False))[2]:
+            if self._read.get(x, (None, None, False, None))[2]:
                 # Nothing random in it: a new iterator draws the same batches.
                 prepared.rebuild = lambda: read
         self._check(prepared, findings, needs_targets=purpose != "predict")
+        if isinstance(x, tf.data.Dataset) and purpose != "predict":
+            value_checks.check_pipeline_targets(self.task, prepared.dataset.element_spec,
+                                                self._values(x, prepared), name)
         return prepared
 
     def _check(self, prepared, findings, needs_targets):
@@ -233,13 +265,16 @@ class DataStage:
             except (tf.errors.OpError, NotImplementedError) as error:
                 # A pipeline tf.data cannot serialize (some stateful sources): say so, go on.
                 logger.info("the data pipeline could not be checked (%s)", error)
-                self._read[user_dataset] = ([], False, False)
+                self._read[user_dataset] = ([], False, False, None)
                 return dataset, []
             findings = pipeline_check.check_graph(graph, training=training)
             in_memory = pipeline_check.in_memory(graph)
             untuned = in_memory and user_dataset.options().autotune.enabled is None
-            self._read[user_dataset] = (findings, untuned,
-                                        pipeline_check.replays_identically(graph))
+            arrays = pipeline_check.source_arrays(graph)
+            self._read[user_dataset] = (
+                findings, untuned, pipeline_check.replays_identically(graph),
+                None if arrays is None else value_checks.Values.of_elements(
+                    user_dataset.element_spec, arrays))
             for finding in findings:
                 if finding.category == "performance" and in_memory:
                     # Slicing tensors held in memory costs microseconds a batch:
@@ -249,7 +284,7 @@ class DataStage:
             if untuned:
                 logger.info("the data is sliced from memory; tf.data's autotuning model is "
                             "off for it (nothing to tune)")
-        findings, untuned, _ = self._read[user_dataset]
+        findings, untuned, _, _ = self._read[user_dataset]
         self.findings = findings
         return (without_autotuning(dataset) if untuned else dataset), findings
 

@@ -77,8 +77,10 @@ class Explanation:
     tried: list                # [Change] measured without a gain
     findings: list             # the input pipeline checker's findings, as text
     profile_dir: str = None
-    # What changes what is learned, found in the task's losses' graph and in the Python
-    # numbers its step was traced with (the CorrectnessWarnings fit gives), as text.
+    # What changes what is learned (the CorrectnessWarnings fit gives), as text: found in
+    # the task's losses' graph, in the Python numbers its step was traced with, and in the
+    # data's values (a majority class behind accuracy, validation inputs on another scale:
+    # `DataStage.value_findings`).
     correctness: list = dataclasses.field(default_factory=list)
 
     def to_dict(self):
@@ -117,8 +119,8 @@ class Explanation:
         if self.findings:
             lines.append("Input pipeline findings: " + "; ".join(self.findings))
         if self.correctness:
-            lines.append("What changes what is learned (not time):")
-            lines += [f"  - {message}" for message in self.correctness]
+            lines.append("Found while fitting (what is learned, not speed):")
+            lines += [f"  - {text.removeprefix('tapeworks: ')}" for text in self.correctness]
         if self.profile_dir:
             lines.append(f"Profiler trace: {self.profile_dir} (open with TensorBoard's "
                          "Profile tab: `tensorboard --logdir` on that folder)")
@@ -253,7 +255,8 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
                 if isinstance(data, tf.data.Dataset) else [])
     state = trial.state
     correctness = (loss_graph.findings(state.task, state.element_spec, state.counters)
-                   + [message for _, message in trial.compiled.traced_numbers.messages()])
+                   + [message for _, message in trial.compiled.traced_numbers.messages()]
+                   + list(trial.data_stage.value_findings.values()))
     return Explanation(
         batch_size=batch, steps=steps, mode=mode, steps_per_call=per_call,
         precision=trial.precision_policy, seconds_per_step=total, input_wait=wait,

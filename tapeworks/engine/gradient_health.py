@@ -21,6 +21,9 @@ variable that never moves is a bug users otherwise find at the end of a run,
 if ever.
 """
 
+import dataclasses
+
+import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine.task import layers_of
@@ -161,13 +164,17 @@ class DeadGradients(tf.Module):
         self.norm_sum.assign_add(
             tf.stack([by_id.get(id(v), tf.constant(-1.0)) for v in self._held.items]))
 
-    def dead(self):
+    def sums(self):
+        """On the host: the sums since the last reset, one per variable (read, not reset)."""
+        return self.norm_sum.numpy()
+
+    def dead(self, sums=None):
         """On the host: the variables whose gradient was zero on every step since the last call.
 
         Resets the sums: the caller (`Trainer`) asks once at least
-        `dead_gradient_steps` steps have run.
+        `dead_gradient_steps` steps have run. `sums`: as just read by `sums()`.
         """
-        sums = self.norm_sum.numpy()
+        sums = self.sums() if sums is None else sums
         self.norm_sum.assign(tf.zeros_like(self.norm_sum))
         return [v for v, total in zip(self._held.items, sums) if total == 0.0]
 
@@ -177,7 +184,16 @@ class DeadGradientWatch:
 
     Kept across fits: consecutive steps are consecutive in an epoch-by-epoch
     fit loop too, and each variable is named once.
+
+    The sums it reads also give the gradients' size over time, for the
+    non-finite report to say whether they exploded (`history`): each read
+    records the mean per step since the one before, and so does a read
+    without reset at the first call to pass step 1, 2, 4, 8, ... since the
+    watch began (a few reads in a whole run, so the early steps, where an
+    explosion often happens, have a history too).
     """
+
+    HISTORY = 64    # the entries kept (the first and the latest)
 
     def __init__(self, sums, steps, owners_of):
         self.sums = sums              # one DeadGradients per update
@@ -185,19 +201,57 @@ class DeadGradientWatch:
         self.owners_of = owners_of    # a function: id(variable) -> its layer
         self.unchecked = 0            # steps run since the host last read the sums
         self.reported = set()
+        self.history = []             # GradientSize entries, oldest first
+        self._seen = 0                # steps since the watch began
+        self._next_peek = 1
+        self._recorded = (0, 0.0)     # (steps into the window, its total) at the last entry
 
-    def after_call(self, steps_run):
+    def after_call(self, steps_run, step=None):
+        """After a call of `steps_run` steps, the last of them `step - 1` (the counter's value)."""
         if not self.sums:
             return
         self.unchecked += steps_run
+        self._seen += steps_run
+        peek = self._seen >= self._next_peek
+        while self._next_peek <= self._seen:
+            self._next_peek *= 2
         if self.unchecked < self.steps:
+            if peek:
+                self._record([dead.sums() for dead in self.sums], step)
             return
         window, self.unchecked = self.unchecked, 0
-        found = [v for dead in self.sums for v in dead.dead() if id(v) not in self.reported]
+        sums = [dead.sums() for dead in self.sums]
+        self._record(sums, step, window)
+        self._recorded = (0, 0.0)
+        found = [v for dead, read in zip(self.sums, sums) for v in dead.dead(read)
+                 if id(v) not in self.reported]
         if found:
             self.reported.update(id(v) for v in found)
             warn(dead_message(found, window, self.owners_of()), CorrectnessWarning,
                  section="dead-gradients")
+
+    def _record(self, sums, step, window=None):
+        """An entry for the steps since the last one: their mean gradient size."""
+        into = self.unchecked if window is None else window
+        # Variables without a gradient add -1 a step: only gradients count.
+        total = float(sum(s[s > 0].sum() for s in sums))
+        steps, before = into - self._recorded[0], self._recorded[1]
+        self._recorded = (into, total)
+        if steps <= 0 or step is None or not np.isfinite(total):
+            return
+        self.history.append(GradientSize(step - steps, step - 1, (total - before) / steps))
+        if len(self.history) > self.HISTORY:
+            del self.history[1]   # the first stays: the size training started from
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientSize:
+    """The gradients' mean size over steps `first`..`last`: per step, the sum over variables
+    of each gradient's norm (in an XLA step, of its largest magnitude, no larger)."""
+
+    first: int
+    last: int
+    size: float
 
 
 def owners(models):

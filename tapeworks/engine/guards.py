@@ -328,6 +328,11 @@ _PROBABILITY_TARGETS = {"binary_crossentropy", "binary_focal_crossentropy",
                         "categorical_crossentropy", "categorical_focal_crossentropy"}
 
 
+def expects_probability_targets(loss):
+    """True for Keras' cross-entropies whose targets are probabilities in [0, 1]."""
+    return _loss_fn_name(loss) in _PROBABILITY_TARGETS
+
+
 def _check_probability_targets(values, name, loss):
     """After the shape checks (which say more): probability targets outside [0, 1]."""
     if values is None or _loss_fn_name(loss) not in _PROBABILITY_TARGETS or isinstance(

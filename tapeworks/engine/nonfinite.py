@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine import model_step, replicas
+from tapeworks.engine.gradient_health import GradientSize
 from tapeworks.engine.task import layers_of
 from tapeworks.errors import ConfigError, CorrectnessWarning, TapeworksError, warn
 
@@ -151,6 +152,24 @@ class NonFiniteReport:
     batch_stats: list = dataclasses.field(default_factory=list)
     loss_term: str = None      # a non-finite loss term while every layer output is finite
     largest_output: float = float("nan")   # the largest finite magnitude of any layer output
+    # At the kept weights on this batch: the gradients' global norm over their
+    # finite values (in Python floats), the variable with the largest, and the sum over
+    # variables of their largest finite magnitudes (the history's measure or
+    # less: see `gradient_health.GradientSize`).
+    gradient_norm: float = float("nan")
+    largest_gradient: str = None
+    gradient_size: float = float("nan")
+    growth: tuple = None       # (earliest, latest) `GradientSize` when they grew EXPLODED-fold
+    batch_largest: float = float("nan")   # the largest finite magnitude in the batch's inputs
+
+
+# Gradients that grew this many times over the steps before a non-finite one
+# exploded: three orders of magnitude, where ordinary training moves their
+# size by a few times at most.
+EXPLODED = 1e3
+# Gradients whose float32 norm overflows (the guard's check sums squares):
+# finite values beyond the square root of float32's largest.
+NORM_OVERFLOW = float(np.sqrt(np.finfo(np.float32).max))
 
 
 class NonFinitePolicy:
@@ -158,15 +177,19 @@ class NonFinitePolicy:
 
     `stop_training`: Keras' `TerminateOnNaN` is among the callbacks, so
     "raise" stops training as that callback does, with a warning.
+    `gradient_history`: a function giving the gradients' sizes so far
+    (`gradient_health.GradientSize`, oldest first), or None.
     """
 
-    def __init__(self, policy, guard, task, counters, directory, local_batch):
+    def __init__(self, policy, guard, task, counters, directory, local_batch,
+                 gradient_history=None):
         self.policy = policy
         self.guard = guard
         self.task = task
         self.counters = counters
         self.directory = directory
         self.local_batch = local_batch   # a drawn (replicated) batch as one batch
+        self.gradient_history = gradient_history
         self.stop_training = False
         self.warned = 0
 
@@ -194,7 +217,8 @@ class NonFinitePolicy:
         report = localise(
             self.task, self.local_batch(batch), self.counters,
             step=int(self.counters.step.numpy()) - 1, epoch=int(self.counters.epoch.numpy()),
-            batch_index=batch_index, directory=self.directory)
+            batch_index=batch_index, directory=self.directory,
+            history=self.gradient_history() if self.gradient_history else ())
         text = message(report)
         if self.stop_training:
             # Keras' TerminateOnNaN stops training without an error; so does this.
@@ -231,8 +255,12 @@ class NonFinitePolicy:
                  "values turn non-finite.", CorrectnessWarning, section="NonFiniteError")
 
 
-def localise(task, batch, counters, *, step, epoch, batch_index, directory=None):
-    """Re-runs `batch` eagerly and says where the first non-finite value appears."""
+def localise(task, batch, counters, *, step, epoch, batch_index, directory=None, history=()):
+    """Re-runs `batch` eagerly and says where the first non-finite value appears.
+
+    `history`: the gradients' sizes before this step (`gradient_health.
+    GradientSize`), to say whether they exploded.
+    """
     flat = _named_tensors(batch)
     bad_data = [f"{name}: {n_nan} NaN, {n_inf} Inf of {size} values"
                 for name, (n_nan, n_inf, size) in
@@ -242,6 +270,9 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None)
                              loss_terms={}, bad_data=bad_data,
                              batch_stats=[_describe(name, value) for name, value in flat])
     report.batch_file = _save_batch(flat, step, directory)
+    report.batch_largest = max((max(abs(v) for v in _finite_range(value)) for name, value in flat
+                                if name.startswith("x") and np.issubdtype(value.dtype, np.number)
+                                and value.size), default=float("nan"))
     records = []
     # The re-run is in training mode (as the failing step was), which moves
     # BatchNormalization's statistics and other non-trainable state: all of
@@ -263,6 +294,9 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None)
                                  if not np.isfinite(value)), None)
         report.largest_output = max((r.output_largest for r in records
                                      if np.isfinite(r.output_largest)), default=float("nan"))
+    gradients = {update.name: tape.gradient(objective, update.variables())
+                 for update, objective in zip(task.updates, objectives)}
+    _measure_gradients(report, task.updates, gradients, history)
     # The update: the first whose loss is non-finite, else the first with a
     # non-finite gradient (whose variable is named when the forward is finite).
     for update, objective in zip(task.updates, objectives):
@@ -270,18 +304,113 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None)
             report.update = update.name
             break
     else:
-        for update, objective in zip(task.updates, objectives):
+        for update in task.updates:
             variables = update.variables()
-            gradients = tape.gradient(objective, variables)
-            bad = next((v for v, g in zip(variables, gradients) if g is not None and not bool(
-                tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))), None)
+            bad = next((v for v, g in zip(variables, gradients[update.name]) if g is not None
+                        and not bool(tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))),
+                       None)
             if bad is not None:
                 report.update = update.name
                 if report.first_layer is None:
                     report.first_gradient = getattr(bad, "path", bad.name)
                 break
+        else:
+            if report.gradient_norm >= NORM_OVERFLOW:
+                # Finite gradients whose norm overflowed the check's float32.
+                report.update = next(u.name for u in task.updates if any(
+                    getattr(v, "path", v.name) == report.largest_gradient
+                    for v in u.variables()))
     del tape
     return report
+
+
+def _measure_gradients(report, updates, gradients, history):
+    """The gradients' size at the kept weights, and whether they grew before.
+
+    Over each gradient's finite values; its norm is taken as largest magnitude
+    x the norm of the values divided by it, which float32 holds where the
+    plain sum of squares overflows (the guard's reason to stop, here).
+    """
+    squares, size, largest = 0.0, 0.0, (0.0, None)
+    for update in updates:
+        for variable, gradient in zip(update.variables(), gradients[update.name]):
+            if gradient is None:
+                continue
+            values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+            values = tf.cast(values, tf.float32)
+            values = tf.abs(tf.where(tf.math.is_finite(values), values, tf.zeros_like(values)))
+            peak = float(tf.reduce_max(values)) if tf.size(values) > 0 else 0.0
+            if peak == 0.0:
+                continue
+            norm = peak * float(tf.math.reduce_euclidean_norm(values / peak))
+            squares += norm * norm
+            size += peak
+            if norm > largest[0]:
+                largest = (norm, getattr(variable, "path", variable.name))
+    if largest[1] is not None:
+        report.gradient_norm, report.largest_gradient = float(np.sqrt(squares)), largest[1]
+        report.gradient_size = size
+    measure_gradient_growth(report, history)
+
+
+def measure_gradient_growth(report, history):
+    """Sets `report.growth` when the gradients grew EXPLODED-fold: from their typical size in
+    `history` (`GradientSize`, oldest first; the entry of median size) to the latest, or to
+    this step's own.
+
+    The median, not the smallest: gradients that had all but vanished near a
+    perfect fit make any later batch look like a jump from the smallest.
+    """
+    sizes = [entry for entry in history if entry.size > 0]
+    if np.isfinite(report.gradient_size) and report.gradient_size > 0:
+        # This step's own gradients, measured as the history's are or smaller.
+        sizes.append(GradientSize(report.step, report.step, report.gradient_size))
+    if len(sizes) >= 2:
+        before = sorted(sizes[:-1], key=lambda entry: entry.size)
+        typical = before[len(before) // 2]
+        if sizes[-1].size >= EXPLODED * typical.size:
+            report.growth = (typical, sizes[-1])
+
+
+def _exploded(report):
+    """The cause when the gradients exploded, or None."""
+    overflowed = report.gradient_norm >= NORM_OVERFLOW and report.first_gradient is None \
+        and report.first_layer is None and report.loss_term is None
+    layer = report.first_layer
+    reached = max((abs(v) for v in layer.input_range), default=0.0) if layer else 0.0
+    # A layer fed values a million times the batch's own has weights that grew (not raw data).
+    grown = layer is not None and np.isfinite(report.batch_largest) and reached >= max(
+        1e15, 1e6 * report.batch_largest)
+    if report.growth is None and not overflowed and not grown:
+        return None
+    parts = []
+    if report.growth is not None:
+        earliest, latest = report.growth
+        late = (f"at least {latest.size:.3g} on this step's batch" if latest.first == report.step
+                else f"{latest.size:.3g} a step over steps {latest.first}-{latest.last}")
+        parts.append(
+            f"the gradients grew at least {latest.size / earliest.size:.3g}-fold up to this "
+            f"step: their size (the sum of each variable's gradient norm) was "
+            f"{earliest.size:.3g} a step over steps {earliest.first}-{earliest.last}, {late}")
+    if overflowed:
+        parts.append(
+            f"on this batch, at the weights of the last good step, the gradients are finite "
+            f"but their norm, {report.gradient_norm:.3g} (largest: {report.largest_gradient!r}),"
+            " overflows float32")
+    elif layer is not None:
+        parts.append(f"the first non-finite output is layer {layer.layer!r} ({layer.class_name}),"
+                     f" whose inputs reach {reached:.3g}"
+                     + (f" from a batch whose inputs stay within {report.batch_largest:.3g}: "
+                        "the weights before it have grown" if grown else ""))
+    if not parts:
+        return None
+    return ("Exploding gradients: " + "; ".join(parts) + ". Each update made the next "
+            "gradient larger, until the values overflowed (a learning rate too high for "
+            "the scale of the inputs or targets, or a deep or recurrent network trained "
+            "without clipping). Fix: clip the gradients on the optimizer, e.g. "
+            "`keras.optimizers.SGD(learning_rate, global_clipnorm=1.0)` (or `clipnorm=` per "
+            "variable, or `Trainer(..., clip_norm=1.0)`); lower the learning rate; "
+            "normalise the inputs and targets.")
 
 
 def message(report):
@@ -291,11 +420,19 @@ def message(report):
     kept = ("The update was not applied: the weights and optimizer state are those after "
             "the last good step.")
     saved = f"The batch is saved in {report.batch_file}." if report.batch_file else ""
+    # A loss that turns non-finite while every layer's output is finite and
+    # small is the loss function's own doing (a log of 0): not an explosion.
+    loss_made = report.first_layer is None and report.loss_term is not None and not (
+        report.loss_terms[report.loss_term] in (float("inf"), float("-inf"))
+        and report.largest_output > 1e15)
+    exploded = None if report.bad_data or loss_made else _exploded(report)
     if report.bad_data:
         cause = ("The batch itself holds non-finite values (bad data): "
                  + "; ".join(report.bad_data) + ". Fix: clean or filter the data, e.g. "
                  "`dataset.filter(lambda x, y: tf.reduce_all(tf.math.is_finite(x)))`, or "
                  "impute the missing values.")
+    elif exploded is not None:
+        cause = exploded
     elif report.first_layer is not None:
         layer = report.first_layer
         low, high = layer.input_range

@@ -535,7 +535,7 @@ class Trainer(evaluation.EvaluateAndPredict):
         """The CallLoop, made once, after the build (its watches read the built state)."""
         if self._calls is None:
             self._calls = CallLoop(self.plan, self.compiled, self.training_state, self.config,
-                                   self.replication, self.rollback)
+                                   self.replication, self.rollback, self.data_stage.value_findings)
         return self._calls
 
     def _first_fit_checks(self):

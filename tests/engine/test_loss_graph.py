@@ -230,7 +230,7 @@ def test_explain_lists_the_findings_with_what_changes_what_is_learned():
             tf.data.Dataset.from_tensor_slices(data()).batch(16), steps=2, try_xla=False)
     assert len(explained.correctness) == 2
     assert BROADCAST in explained.correctness[0] and DROPPED in explained.correctness[1]
-    assert "What changes what is learned (not time):" in str(explained)
+    assert "Found while fitting (what is learned, not speed):" in str(explained)
     clean = Regression(lambda y, pred, net: mse(y, pred))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
