@@ -84,6 +84,10 @@ class FitData:
         logger.info("%s", planner.summary())
 
 
+# The guide's section of each finding on the data's values (docs/troubleshooting.md).
+VALUE_SECTIONS = {"majority": "majority-class", "scale": "validation-scale"}
+
+
 class DataStage:
     """Prepares and checks the data of one Trainer's task.
 
@@ -160,7 +164,7 @@ class DataStage:
         for kind, message in found.items():
             if message is not None and kind not in self.value_findings:
                 self.value_findings[kind] = message
-                warn(message, CorrectnessWarning)
+                warn(message, CorrectnessWarning, section=VALUE_SECTIONS[kind])
 
     def _input_planner_for(self, x, train, steps_per_epoch):
         """The input planner for a built pipeline (kept across fits on it), else None.

@@ -295,7 +295,7 @@ class NegativeCrossEntropyWatch:
             "a loss for values, such as `mse`.")
         if self.findings is not None:
             self.findings["negative cross-entropy"] = message
-        warn(message, CorrectnessWarning)
+        warn(message, CorrectnessWarning, section="negative-cross-entropy")
 
 
 def check_pipeline_targets(task, element_spec, values, name):
