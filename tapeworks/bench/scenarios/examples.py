@@ -122,7 +122,8 @@ def warnings_in(stderr):
 def _summary(name, runs):
     """One report row from a script's runs ({approach: [result, ...]})."""
     keras_runs, cold, warm = (runs[a] for a in APPROACHES)
-    row = {"script": name, "group": "fit wall time, Keras / tapeworks cold"}
+    row = {"script": name, "group": "fit wall time, Keras / tapeworks cold",
+           "same_history_keys": None}   # None: not compared (a run failed)
     failed = {a: next((r for r in runs[a] if not r["ok"]), None) for a in APPROACHES}
     row["runs"] = ", ".join(f"{a}: {'yes' if failed[a] is None else 'no'}" for a in APPROACHES)
     errors = {a: f["error"] for a, f in failed.items() if f is not None}
@@ -212,8 +213,10 @@ def run(quick=False, repeats=3):
         "scenario": "examples",
         "description": DESCRIPTION,
         "rows": rows,
-        "columns": [("script", "script"), ("runs", "runs"),
-                    ("same_history_keys", "same History keys"),
+        "method": (f"Each approach: {rounds} fresh process(es) per script, alternated round by "
+                   "round; medians per cell; ratios are within this one run."),
+        "columns": [("script", "script"), ("same_history_keys", "same History keys"),
+                    ("runs", "runs"),
                     ("keras_loss", "final loss, Keras"), ("tapeworks_loss", "final loss, tapeworks"),
                     ("keras_s", "fit s, Keras"), ("cold_s", "fit s, tapeworks cold"),
                     ("warm_s", "fit s, tapeworks warm"), ("cold_ratio", "x Keras, cold"),
