@@ -35,7 +35,7 @@ SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
                                  _scenario("wallclock"), _scenario("diagnose"),
                                  _scenario("bugs"), _scenario("checkpoint"),
                                  _scenario("export"), _scenario("prune"), _scenario("serve"),
-                                 _scenario("distribute"))}
+                                 _scenario("distribute"), _scenario("examples"))}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
