@@ -155,7 +155,7 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
     inputs = _declared_inputs(model)
     if inputs is None:
         return
-    x_flat = tf.nest.flatten(x_spec)
+    x_flat = _by_input_name(x_spec, inputs) or tf.nest.flatten(x_spec)
     if len(x_flat) != len(inputs):
         raise DataSpecError(
             f"`{name}` gives the model {len(x_flat)} input tensor(s) "
@@ -185,6 +185,21 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
                 f"{_describe(x_spec)}. Fix: reshape or cast the data in the "
                 "input pipeline (or change the model's Input)."
             )
+
+
+def _by_input_name(x_spec, inputs):
+    """A dict's specs in the order of the model's inputs, by their names, or None.
+
+    As Keras' Functional models read a dict: each input takes the key of its
+    name, and keys that name no input are left unused (a dataset of feature
+    columns that also carries its target column trains in Keras).
+    """
+    if not isinstance(x_spec, dict):
+        return None
+    names = [getattr(tensor, "name", None) for tensor in inputs]
+    if None in names or not set(names) <= set(x_spec):
+        return None
+    return [x_spec[name] for name in names]
 
 
 def _declared_inputs(model):

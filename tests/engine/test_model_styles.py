@@ -149,3 +149,28 @@ def test_a_generator_trains_as_in_keras():
     # One pass each: a generator is read once (as in Keras).
     assert_same_training(*fit_both(regression, arguments=lambda _: dict(
         x=batches(), epochs=1)))
+
+
+def test_a_dict_of_features_with_a_key_that_names_no_input_trains_as_keras_reads_it():
+    # The preprocessing-layers tutorial's dataset also carries its target
+    # column; Keras reads a dict by the inputs' names and leaves that key out.
+    # Inputs declared in an order other than the keys' sorted one, of other
+    # widths, so a positional comparison would refuse them.
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    wide, narrow = keras.Input((3,), name="wide"), keras.Input((1,), name="age")
+    # A list of named inputs: Keras reads a dict by those names. (A model
+    # built on a dict of inputs flattens a received dict by its sorted keys,
+    # an extra key included: Keras refuses or misreads that one itself.)
+    model = keras.Model([wide, narrow],
+                        keras.layers.Dense(1)(keras.layers.Concatenate()([wide, narrow])))
+    rng = np.random.default_rng(0)
+    features = {"wide": rng.normal(size=(32, 3)).astype("float32"),
+                "age": rng.normal(size=(32, 1)).astype("float32"),
+                "target": rng.normal(size=(32, 1)).astype("float32")}
+    y = features["wide"].sum(axis=1, keepdims=True)
+    data = tf.data.Dataset.from_tensor_slices((features, y)).batch(8)
+    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2)
+    history = trainer.fit(data, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
