@@ -125,8 +125,12 @@ def check_graph(graph, training=None):
             last_batch = None
         elif op in SHUFFLES:
             if last_batch is not None:
+                # The batching may be the utility's: then the fix is at its call.
+                batched_by = utility.name if utility is not None and not users(
+                    chain.index(last_batch)) else None
                 add("TD002", "shuffle after batch reorders whole batches, not examples", node,
-                    "shuffle before `.batch()`")
+                    f"pass `batch_size=None` to `{batched_by}` and `.batch()` after your "
+                    "shuffle" if batched_by else "shuffle before `.batch()`")
             shuffle_seen = node
             if last_batch is None:
                 _check_buffer(node, nodes, chain, add)
@@ -136,8 +140,12 @@ def check_graph(graph, training=None):
                     "epoch replays the first epoch's random values", node,
                     "cache before the random augmentation (map -> cache -> shuffle -> augment)")
             if shuffle_seen is not None:
+                shuffled_by = utility.name if utility is not None and not users(
+                    chain.index(shuffle_seen)) else None
                 add("TD004", "shuffle before cache: the cache keeps the first epoch's order "
                     "and replays it every epoch", shuffle_seen,
+                    f"pass `shuffle=False` to `{shuffled_by}` and shuffle after your cache "
+                    "(`.cache().shuffle(n)`)" if shuffled_by else
                     "cache first, then shuffle (map -> cache -> shuffle)")
         if op in MAPS and index not in generator_prefix:
             called = _called_ops(node, functions)

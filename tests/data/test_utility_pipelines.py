@@ -169,3 +169,24 @@ def test_fit_on_a_csv_utility_shows_no_data_warning(csv_file):
         tapeworks.Trainer(model, jit_compile=False, steps_per_call=2).fit(
             dataset, epochs=1, verbose=0)
     assert [str(w.message) for w in caught if "data check" in str(w.message)] == []
+
+
+def test_a_utilitys_shuffle_or_batch_before_the_users_step_is_fixed_at_its_call(
+        image_folder, text_folder):
+    # The user's cache after the utility's shuffle (the text-classification
+    # tutorial), the user's shuffle after the utility's batching: the fix
+    # is an argument of the utility, not a step the user cannot move.
+    cached = texts(text_folder).cache().prefetch(AUTOTUNE)
+    (finding,) = [f for f in data.check(cached, training=True) if f.code == "TD004"]
+    assert finding.fix.startswith(
+        "pass `shuffle=False` to `keras.utils.text_dataset_from_directory` and shuffle "
+        "after your cache")
+    reshuffled = images(image_folder).shuffle(8).prefetch(AUTOTUNE)
+    (finding,) = [f for f in data.check(reshuffled, training=True) if f.code == "TD002"]
+    assert finding.fix.startswith(
+        "pass `batch_size=None` to `keras.utils.image_dataset_from_directory`")
+    # The user's own shuffle and cache keep the usual fix.
+    own = (tf.data.Dataset.from_tensor_slices(np.zeros((64, 2), "float32")).shuffle(64)
+           .cache().batch(8).prefetch(AUTOTUNE))
+    (finding,) = [f for f in data.check(own, training=True) if f.code == "TD004"]
+    assert finding.fix.startswith("cache first, then shuffle")
