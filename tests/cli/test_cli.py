@@ -117,7 +117,7 @@ def test_bench_list():
     assert "I0000" not in result.stderr and "oneDNN" not in result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
-        "diagnose", "bugs", "checkpoint", "export", "prune", "serve", "distribute"]
+        "diagnose", "bugs", "checkpoint", "export", "prune", "serve", "distribute", "examples"]
 
 
 @pytest.mark.slow
