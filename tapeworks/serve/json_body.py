@@ -17,10 +17,17 @@ of nesting at each. Then:
 - a member nested deeper than `MAX_DEPTH` levels is refused (400, naming the
   key) when it is one TF Serving reads (`READ_KEYS`), and skipped otherwise
   (its brackets checked to match, iteratively);
-- every other value is decoded by `json.loads` in pieces of at most about
-  `PIECE_BYTES` (a large array: groups of its elements), so no one C call
-  holds the GIL for long and the event loop's thread gets it back between
-  pieces. Nesting is bounded by `MAX_DEPTH` before `json.loads` sees a piece.
+- every other value is decoded in pieces of at most about `PIECE_BYTES` (a
+  large array: groups of its elements), so no one C call holds the GIL for
+  long and the event loop's thread gets it back between pieces. Nesting is
+  bounded by `MAX_DEPTH` before a decoder sees a piece.
+
+A piece is decoded by orjson, which reads strict JSON about three times as
+fast as `json.loads` (a 1M-value predict body: 0.15 s against 0.47 s, the
+figure in benchmarks/serve-parse); a piece orjson refuses (the `NaN` and
+`Infinity` tokens TF Serving accepts, numbers beyond a double's range, an
+escaped lone surrogate, or an error) is decoded again by `json.loads`,
+which reads those tokens as Python does and words the errors.
 
 Invalid UTF-8 and escaped lone surrogates (`"\\ud800"`) are refused as
 rapidjson refuses them, so no string the server later encodes can fail.
@@ -30,6 +37,7 @@ import json
 import re
 
 import numpy as np
+import orjson
 
 from tapeworks.serve.servable import RequestError
 
@@ -124,6 +132,10 @@ def _strip(body, start, end):
 def _loads(body, start, end, prefix=b"", suffix=b""):
     text = prefix + body[start:end] + suffix
     try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass   # NaN/Infinity tokens, out-of-range numbers, lone surrogates, errors
+    try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         # rapidjson's words ("Invalid value." for what is not JSON at all), as
@@ -165,21 +177,23 @@ class _Reader:
             return _loads(self.body, start, end)
         if self.body[end - 1] != ord("]"):
             raise parse_error("Missing a comma or ']' after an array element.", end - 1)
-        # A large array: its elements, a group of them per json.loads call.
-        commas = self.structure.separators(start + 1, end - 1, base + 1).tolist()
-        bounds = [start + 1] + [c + 1 for c in commas]
-        ends = commas + [end - 1]
-        items, group_start, index = [], None, 0
+        # A large array: its elements, a group of them per decoder call. The
+        # groups are found with searchsorted (a Python step per group, not per
+        # element: 250,000 rows made 250,000 steps, a fifth of the parse).
+        commas = self.structure.separators(start + 1, end - 1, base + 1)
+        bounds = np.concatenate(([start + 1], commas + 1))
+        ends = np.append(commas, end - 1)
+        items, index = [], 0
         while index < len(bounds):
-            lo, hi = bounds[index], ends[index]
-            if hi - lo > PIECE_BYTES:
-                items.append(self.value(lo, hi, base + 1))
+            group_start = int(bounds[index])
+            # The last element ending within PIECE_BYTES of the group's start.
+            last = int(np.searchsorted(ends, group_start + PIECE_BYTES, side="right")) - 1
+            if last < index:   # one element larger than a piece: its own elements
+                items.append(self.value(group_start, int(ends[index]), base + 1))
                 index += 1
                 continue
-            group_start = lo
-            while index < len(bounds) and ends[index] - group_start <= PIECE_BYTES:
-                index += 1
-            items.extend(_loads(self.body, group_start, ends[index - 1], b"[", b"]"))
+            items.extend(_loads(self.body, group_start, int(ends[last]), b"[", b"]"))
+            index = last + 1
         return items
 
 

@@ -65,26 +65,34 @@ def _rows(instances, specs, document, check_shapes):
             "instances is a plain list, but expecting list of objects as multiple input "
             f"tensors required as per tensorinfo_map (inputs: {', '.join(sorted(specs))})")
     names = sorted(specs)
+    if not objects:
+        # One input's values, one per instance: no object may be among them.
+        # The types are gathered at C speed; the loop that names the item
+        # runs only when there is one (a Python step per row was a quarter
+        # of a 250,000-row request's conversion).
+        if dict in set(map(type, instances)):
+            for index, item in enumerate(instances):
+                if _is_object(item):
+                    raise RequestError(f"Expecting value/list but got object at item {index} "
+                                       "of input list")
+        array = stack_instances(instances, specs[names[0]], names[0])
+        if check_shapes:
+            check_shape(array, specs[names[0]], "'instances'")
+        return {names[0]: array}
     columns = {name: [] for name in names}
     for index, item in enumerate(instances):
-        if objects:
-            if not _is_object(item):
-                raise RequestError(f"Expecting object but got list at item {index} of input list")
-            if sorted(item) != names:
-                missing = sorted(set(names) - set(item))
-                extra = sorted(set(item) - set(names))
-                raise RequestError(
-                    f"Failed to process element: {index} of 'instances' list. JSON object: "
-                    f"{short(item)} keys must be equal to: {','.join(names)}"
-                    + (f" (missing: {', '.join(missing)})" if missing else "")
-                    + (f" (unknown: {', '.join(extra)})" if extra else ""))
-            for name in names:
-                columns[name].append(item[name])
-        else:
-            if _is_object(item):
-                raise RequestError(f"Expecting value/list but got object at item {index} of "
-                                   "input list")
-            columns[names[0]].append(item)
+        if not _is_object(item):
+            raise RequestError(f"Expecting object but got list at item {index} of input list")
+        if sorted(item) != names:
+            missing = sorted(set(names) - set(item))
+            extra = sorted(set(item) - set(names))
+            raise RequestError(
+                f"Failed to process element: {index} of 'instances' list. JSON object: "
+                f"{short(item)} keys must be equal to: {','.join(names)}"
+                + (f" (missing: {', '.join(missing)})" if missing else "")
+                + (f" (unknown: {', '.join(extra)})" if extra else ""))
+        for name in names:
+            columns[name].append(item[name])
     arrays = {}
     for name in names:
         arrays[name] = stack_instances(columns[name], specs[name], name)

@@ -219,3 +219,47 @@ def test_large_arrays_are_read_in_pieces_exactly():
     body = json.dumps({"instances": rows.tolist(), "x": ["a\\\"]", {"k": [1, "]"]}]}).encode()
     assert len(body) > 2 * json_body.PIECE_BYTES
     assert json_body.parse(body) == json.loads(body)
+
+
+def test_pieces_orjson_refuses_are_read_as_json_reads_them():
+    # orjson decodes pieces; the tokens it refuses (NaN, Infinity, numbers
+    # beyond a double, integers beyond 64 bits) fall back to json.loads in
+    # that piece only, so a large body mixing them reads exactly as json does.
+    rows = np.random.default_rng(2).normal(size=(30000, 4)).tolist()
+    rows[5][0], rows[20000][1], rows[29999][3] = float("nan"), float("inf"), float("-inf")
+    text = json.dumps({"instances": rows, "big": 2**70, "small": -2**70})
+    text = text.replace("Infinity, ", "1e400, ", 1)
+    body = text.encode()
+    assert len(body) > 3 * json_body.PIECE_BYTES
+    parsed, expected = json_body.parse(body), json.loads(body)
+    assert parsed["big"] == 2**70 and parsed["small"] == -2**70
+    got, want = np.array(parsed["instances"]), np.array(expected["instances"])
+    assert np.isnan(got[5, 0]) and np.isposinf(got[20000, 1]) and np.isneginf(got[29999, 3])
+    assert np.array_equal(got, want, equal_nan=True)
+    assert parsed["instances"][100] == expected["instances"][100]   # every digit of a double
+
+
+def test_a_lone_surrogate_in_a_large_body_is_refused():
+    body = json.dumps({"instances": [[0.5] * 4] * 40000, "signature_name": "\ud800"}).encode()
+    assert len(body) > json_body.PIECE_BYTES
+    with pytest.raises(RequestError, match="surrogate"):
+        json_body.parse(body)
+
+
+def test_an_element_larger_than_a_piece_is_read_in_its_own_pieces():
+    big = np.random.default_rng(3).normal(size=(3, 20000)).tolist()   # each row > PIECE_BYTES / 2
+    document = {"instances": [[1.5, 2.5], big, [[0.25]], big[0], 7]}
+    body = json.dumps(document).encode()
+    assert len(json.dumps(big).encode()) > json_body.PIECE_BYTES
+    assert json_body.parse(body) == document
+
+
+def test_rows_mixing_objects_and_values_name_the_item():
+    # TF Serving's messages, whichever kind the first instance sets.
+    assert refused('{"instances": [[1], [2], {"x": [3]}]}', specs(x=tf.int32)) == (
+        "Expecting value/list but got object at item 2 of input list")
+    assert refused('{"instances": [{"x": [1]}, [2]]}', specs(x=tf.int32)) == (
+        "Expecting object but got list at item 1 of input list")
+    # A {"b64": ...} object is a value, not an instance object.
+    arrays, _ = read('{"instances": ["YQ==", {"b64": "Yg=="}]}', specs(x=tf.string))
+    assert arrays["x"].tolist() == [b"YQ==", b"b"]
