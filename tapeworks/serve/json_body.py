@@ -24,7 +24,7 @@ of nesting at each. Then:
 
 A piece is decoded by orjson, which reads strict JSON about three times as
 fast as `json.loads` (a 1M-value predict body: 0.15 s against 0.47 s, the
-figure in benchmarks/serve-parse); a piece orjson refuses (the `NaN` and
+figure in benchmarks/serve-orjson); a piece orjson refuses (the `NaN` and
 `Infinity` tokens TF Serving accepts, numbers beyond a double's range, an
 escaped lone surrogate, or an error) is decoded again by `json.loads`,
 which reads those tokens as Python does and words the errors.
