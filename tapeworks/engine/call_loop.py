@@ -161,7 +161,7 @@ class CallLoop:
             self.nonfinite.after_call(last, steps_done + ran - 1)
         else:
             self.rollback.confirm()
-            if not bool(last[0]):
+            if not bool(last[0]) and self.rollback.snapshot.made_non_finite():
                 ran, samples, logs = self._replay(planned.jit, batches, ran, steps_done,
                                                   monitored)
                 seconds = time.perf_counter() - start

@@ -221,3 +221,22 @@ def test_which_pipelines_replay_identically():
     assert not replays(tf.data.Dataset.from_tensor_slices(x).shuffle(8).batch(2))
     assert not replays(tf.data.Dataset.from_tensor_slices(x).map(
         lambda v: v + tf.random.uniform([2])).batch(2))
+
+
+def test_the_calls_check_reads_each_variable_once_and_the_copies_on_the_host():
+    # In the graph: one finiteness test per floating variable (the copies are
+    # read on the host only after a failed check), so the check adds a few
+    # nodes per variable to every call's graph, not a dozen.
+    _, trainer, _ = _fit(_data(bad_sample=None), fast=True, epochs=1)
+    snapshot = trainer.rollback.snapshot
+    graph = tf.function(lambda: snapshot.intact()).get_concrete_function().graph
+    tests = [op for op in graph.get_operations() if op.type == "IsFinite"]
+    assert len(tests) == len(snapshot._checked) > 0
+    assert not snapshot.made_non_finite()
+    variable, copy = snapshot._checked[0]
+    kept = variable.numpy()
+    variable.assign(np.full(kept.shape, np.nan, kept.dtype))
+    assert not bool(snapshot.intact()) and snapshot.made_non_finite()
+    copy.assign(variable)   # non-finite before the call too: not the call's doing
+    assert not snapshot.made_non_finite()
+    variable.assign(kept)
