@@ -175,16 +175,23 @@ def test_a_state_too_large_to_copy_keeps_the_per_step_guard(monkeypatch):
 
 
 def test_the_snapshot_puts_every_variable_back():
-    variables = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64)]
+    variables = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64),
+                 tf.Variable([[4.0], [5.0]]), tf.Variable(6.0, dtype=tf.float64)]
     snapshot = rollback.CallSnapshot(variables + variables[:1])   # shared: copied once
-    assert len(snapshot.variables) == 2
+    assert len(snapshot.variables) == 4
     tf.function(snapshot.take)()
     variables[0].assign([np.nan, 5.0])
     variables[1].assign(7)
+    variables[2].assign([[8.0], [np.inf]])
+    variables[3].assign(9.0)
     assert not bool(tf.function(snapshot.intact)())
     snapshot.restore()
     np.testing.assert_array_equal(variables[0].numpy(), [1.0, 2.0])
-    assert int(variables[1].numpy()) == 3 and bool(tf.function(snapshot.intact)())
+    np.testing.assert_array_equal(variables[2].numpy(), [[4.0], [5.0]])
+    assert int(variables[1].numpy()) == 3 and float(variables[3].numpy()) == 6.0
+    assert bool(tf.function(snapshot.intact)())
+    variables[3].assign(np.nan)   # a float64 variable alone in its dtype is checked too
+    assert not bool(tf.function(snapshot.intact)())
     assert rollback.fits(variables) and not rollback.fits([tf.Variable(tf.zeros([2 ** 23]))])
 
 
@@ -223,20 +230,24 @@ def test_which_pipelines_replay_identically():
         lambda v: v + tf.random.uniform([2])).batch(2))
 
 
-def test_the_calls_check_reads_each_variable_once_and_the_copies_on_the_host():
-    # In the graph: one finiteness test per floating variable (the copies are
-    # read on the host only after a failed check), so the check adds a few
-    # nodes per variable to every call's graph, not a dozen.
+def test_the_calls_check_reads_the_variables_once_and_the_copies_on_the_host():
+    # In the graph: one finiteness test per dtype over the variables joined
+    # (the copies are read on the host only after a failed check), so the
+    # check adds two nodes per variable to every call's graph (a read and a
+    # reshape, beside the variable's handle), not five.
     _, trainer, _ = _fit(_data(bad_sample=None), fast=True, epochs=1)
     snapshot = trainer.rollback.snapshot
     graph = tf.function(lambda: snapshot.intact()).get_concrete_function().graph
     tests = [op for op in graph.get_operations() if op.type == "IsFinite"]
-    assert len(tests) == len(snapshot._checked) > 0
+    floating = {tf.as_dtype(v.dtype) for v in snapshot.variables
+                if tf.as_dtype(v.dtype).is_floating}
+    assert len(tests) == len(floating) == 1
+    assert len(graph.get_operations()) <= 3 * len(snapshot.variables) + 10
     assert not snapshot.made_non_finite()
-    variable, copy = snapshot._checked[0]
+    variable = next(v for v in snapshot.variables if len(v.shape) == 2)
     kept = variable.numpy()
     variable.assign(np.full(kept.shape, np.nan, kept.dtype))
     assert not bool(snapshot.intact()) and snapshot.made_non_finite()
-    copy.assign(variable)   # non-finite before the call too: not the call's doing
+    tf.function(snapshot.take)()   # non-finite before the call too: not the call's doing
     assert not snapshot.made_non_finite()
     variable.assign(kept)
