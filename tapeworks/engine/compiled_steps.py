@@ -20,7 +20,7 @@ from tapeworks.engine.traced_numbers import TracedNumbers
 class StepKey(typing.NamedTuple):
     """Which compiled function: `kind`, execution `mode` (False, True or "update"), variant."""
 
-    kind: str                 # train_loop, test_loop, train_step, test_step, replicated_*, updaters, predict_loop
+    kind: str                 # train_loop, test_loop, test_call, train_step, test_step, replicated_*, updaters, predict_loop
     mode: object
     monitored: bool = False   # computes the monitor's per-layer statistics
     checks_finite: bool = True   # the non-finite verdict inside the step (not `rollback`'s)
@@ -88,6 +88,11 @@ class CompiledSteps:
         return self._cached(StepKey("test_loop", mode), lambda: step.make_loop(
             self.replicated_step("test", mode), self.state.results,
             run_eagerly=self.config.run_eagerly, replicated=self.replicated))
+
+    def test_call(self, mode):
+        """One test step per call, without a loop (`step.make_single_call`): for few batches."""
+        return self._cached(StepKey("test_call", mode), lambda: step.make_single_call(
+            self.replicated_step("test", mode), self.state.results))
 
     def predict_loop(self, element_spec, mode):
         """The predict loop; `mode`: `inference_mode(...)` of the training mode."""

@@ -1,0 +1,55 @@
+"""Data of a few batches is evaluated one step a call, with the loop's results.
+
+The loop (`step.make_loop`) costs start-up that a validation set of two
+batches never repays (`step.make_single_call`); both must give the same
+loss, metrics, batch hooks and History, in tf.function and XLA modes.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from tapeworks import Trainer
+from tapeworks.engine import evaluation
+
+
+def _data(samples):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, 4)).astype("float32")
+    return x, (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") > 0).astype("float32")
+
+
+class BatchHooks(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.seen.append((batch, round(float(logs["loss"]), 6)))
+
+
+def _run(jit_compile):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    trainer = Trainer(model, jit_compile=jit_compile, steps_per_call=2, plan_cache=False)
+    x, y = _data(40)
+    history = trainer.fit(x, y, batch_size=8, epochs=2, validation_data=_data(20), verbose=0)
+    hooks = BatchHooks()
+    logs = trainer.evaluate(*_data(20), batch_size=8, return_dict=True, callbacks=[hooks],
+                            verbose=0)
+    kinds = {key.kind for key in trainer.compiled.keys()}
+    return history.history, logs, hooks.seen, kinds
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["tf.function", "xla"])
+def test_a_few_batches_are_evaluated_without_the_loop_and_give_what_it_gives(
+        jit_compile, monkeypatch):
+    history, logs, seen, kinds = _run(jit_compile)
+    assert "test_call" in kinds and "test_loop" not in kinds
+    assert [batch for batch, _ in seen] == [0, 1, 2]   # 20 samples in batches of 8
+    monkeypatch.setattr(evaluation, "FEW_BATCHES", 0)
+    looped_history, looped_logs, looped_seen, looped_kinds = _run(jit_compile)
+    assert "test_call" not in looped_kinds and "test_loop" in looped_kinds
+    assert history == looped_history and logs == looped_logs and seen == looped_seen
