@@ -27,7 +27,9 @@ fast as `json.loads` (a 1M-value predict body: 0.15 s against 0.47 s, the
 figure in benchmarks/serve-orjson); a piece orjson refuses (the `NaN` and
 `Infinity` tokens TF Serving accepts, numbers beyond a double's range, an
 escaped lone surrogate, or an error) is decoded again by `json.loads`,
-which reads those tokens as Python does and words the errors.
+which reads those tokens as Python does and words the errors. Integers
+beyond 64 bits come back as doubles, as rapidjson reads them in TF Serving
+(an int64 input refuses them either way).
 
 Invalid UTF-8 and escaped lone surrogates (`"\\ud800"`) are refused as
 rapidjson refuses them, so no string the server later encodes can fail.

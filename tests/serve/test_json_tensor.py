@@ -223,8 +223,9 @@ def test_large_arrays_are_read_in_pieces_exactly():
 
 def test_pieces_orjson_refuses_are_read_as_json_reads_them():
     # orjson decodes pieces; the tokens it refuses (NaN, Infinity, numbers
-    # beyond a double, integers beyond 64 bits) fall back to json.loads in
-    # that piece only, so a large body mixing them reads exactly as json does.
+    # beyond a double) fall back to json.loads in that piece only, so a large
+    # body mixing them reads as json reads it. Integers beyond 64 bits read as
+    # doubles, as TF Serving's rapidjson reads them.
     rows = np.random.default_rng(2).normal(size=(30000, 4)).tolist()
     rows[5][0], rows[20000][1], rows[29999][3] = float("nan"), float("inf"), float("-inf")
     text = json.dumps({"instances": rows, "big": 2**70, "small": -2**70})
@@ -233,6 +234,7 @@ def test_pieces_orjson_refuses_are_read_as_json_reads_them():
     assert len(body) > 3 * json_body.PIECE_BYTES
     parsed, expected = json_body.parse(body), json.loads(body)
     assert parsed["big"] == 2**70 and parsed["small"] == -2**70
+    assert isinstance(parsed["big"], float) and isinstance(parsed["small"], float)
     got, want = np.array(parsed["instances"]), np.array(expected["instances"])
     assert np.isnan(got[5, 0]) and np.isposinf(got[20000, 1]) and np.isneginf(got[29999, 3])
     assert np.array_equal(got, want, equal_nan=True)
