@@ -91,6 +91,10 @@ def check_graph(graph, training=None):
     def users(index):
         return utility is None or not utility.holds(index)
 
+    def made_by(node):
+        """The utility's name when `node` is one of its steps (the fix is at its call)."""
+        return None if users(chain.index(node)) else utility.name
+
     # TD001: prefetch last.
     prefetches = [i for i, op in enumerate(ops) if op == "PrefetchDataset"]
     if not prefetches:
@@ -125,9 +129,7 @@ def check_graph(graph, training=None):
             last_batch = None
         elif op in SHUFFLES:
             if last_batch is not None:
-                # The batching may be the utility's: then the fix is at its call.
-                batched_by = utility.name if utility is not None and not users(
-                    chain.index(last_batch)) else None
+                batched_by = made_by(last_batch)
                 add("TD002", "shuffle after batch reorders whole batches, not examples", node,
                     f"pass `batch_size=None` to `{batched_by}` and `.batch()` after your "
                     "shuffle" if batched_by else "shuffle before `.batch()`")
@@ -140,8 +142,7 @@ def check_graph(graph, training=None):
                     "epoch replays the first epoch's random values", node,
                     "cache before the random augmentation (map -> cache -> shuffle -> augment)")
             if shuffle_seen is not None:
-                shuffled_by = utility.name if utility is not None and not users(
-                    chain.index(shuffle_seen)) else None
+                shuffled_by = made_by(shuffle_seen)
                 add("TD004", "shuffle before cache: the cache keeps the first epoch's order "
                     "and replays it every epoch", shuffle_seen,
                     f"pass `shuffle=False` to `{shuffled_by}` and shuffle after your cache "

@@ -75,24 +75,23 @@ def _rows(instances, specs, document, check_shapes):
                 if _is_object(item):
                     raise RequestError(f"Expecting value/list but got object at item {index} "
                                        "of input list")
-        array = stack_instances(instances, specs[names[0]], names[0])
-        if check_shapes:
-            check_shape(array, specs[names[0]], "'instances'")
-        return {names[0]: array}
-    columns = {name: [] for name in names}
-    for index, item in enumerate(instances):
-        if not _is_object(item):
-            raise RequestError(f"Expecting object but got list at item {index} of input list")
-        if sorted(item) != names:
-            missing = sorted(set(names) - set(item))
-            extra = sorted(set(item) - set(names))
-            raise RequestError(
-                f"Failed to process element: {index} of 'instances' list. JSON object: "
-                f"{short(item)} keys must be equal to: {','.join(names)}"
-                + (f" (missing: {', '.join(missing)})" if missing else "")
-                + (f" (unknown: {', '.join(extra)})" if extra else ""))
-        for name in names:
-            columns[name].append(item[name])
+        columns = {names[0]: instances}
+    else:
+        columns = {name: [] for name in names}
+        for index, item in enumerate(instances):
+            if not _is_object(item):
+                raise RequestError(
+                    f"Expecting object but got list at item {index} of input list")
+            if sorted(item) != names:
+                missing = sorted(set(names) - set(item))
+                extra = sorted(set(item) - set(names))
+                raise RequestError(
+                    f"Failed to process element: {index} of 'instances' list. JSON object: "
+                    f"{short(item)} keys must be equal to: {','.join(names)}"
+                    + (f" (missing: {', '.join(missing)})" if missing else "")
+                    + (f" (unknown: {', '.join(extra)})" if extra else ""))
+            for name in names:
+                columns[name].append(item[name])
     arrays = {}
     for name in names:
         arrays[name] = stack_instances(columns[name], specs[name], name)
