@@ -73,6 +73,8 @@ LAYERS = {
     # the planner's timing statistics.
     "tapeworks.engine.fit_checks": 0,
     "tapeworks.engine.traced": 0,
+    # How TensorFlow optimises the compiled functions at their first call.
+    "tapeworks.engine.graph_options": 0,
     "tapeworks.engine.updater": 0,
     "tapeworks.engine.call_timing": 0,
     # Layer 1: one checked configuration, the training state, the data in once.

@@ -12,7 +12,7 @@ import typing
 
 import tensorflow as tf
 
-from tapeworks.engine import inference_mode, model_step, replicas, step, updater
+from tapeworks.engine import graph_options, inference_mode, model_step, replicas, step, updater
 from tapeworks.engine.traced import Traced
 from tapeworks.engine.traced_numbers import TracedNumbers
 
@@ -53,7 +53,9 @@ class CompiledSteps:
 
     def _cached(self, key, build):
         if key not in self._functions:
-            self._functions[key] = build()
+            # Instantiated with grappler's CPU-idle passes left out: a
+            # shorter first call, the same graph (`graph_options`).
+            self._functions[key] = graph_options.lean_calls(build())
         return self._functions[key]
 
     # Loops: several steps per call -------------------------------------------
