@@ -1,0 +1,91 @@
+"""The loss names are read from one trace into a scratch graph (`training_state.trace_once`).
+
+As Keras' `fit` builds its metrics (`backend.compute_output_spec`): Keras'
+variables made there are created eagerly when the trace ends; a trace that
+would make any other `tf.Variable` stops before making it, and the caller
+traces with `tf.function` instead, so such a task still trains.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tapeworks
+from tapeworks.engine import training_state
+
+
+def test_keras_variables_made_in_the_trace_exist_eagerly_after_it_and_start_at_zero():
+    mean = keras.metrics.Mean()
+    created_inside = []
+
+    def fn(x):
+        metric = keras.metrics.Sum()   # variables made while tracing
+        created_inside.append(metric)
+        metric.update_state(x)
+        mean.update_state(x)
+        return {"b": tf.reduce_sum(x), "a": x * 2.0}
+
+    out = training_state.trace_once(fn, tf.TensorSpec((None, 3), tf.float32))
+    assert sorted(out) == ["a", "b"] and out["a"].shape.as_list() == [None, 3]
+    (metric,) = created_inside
+    assert metric.variables and all(v.numpy() == 0.0 for v in metric.variables)
+    # The scratch trace ran nothing: the eager metric's state is untouched.
+    assert float(mean.result()) == 0.0 and float(mean.count.numpy()) == 0.0
+
+
+def test_a_trace_that_would_make_another_kind_of_variable_is_stopped_before_making_it():
+    made = []
+
+    def fn(x):
+        made.append(tf.Variable(1.0))
+        return {"loss": tf.reduce_sum(x)}
+
+    assert training_state.trace_once(fn, tf.TensorSpec((None, 3), tf.float32)) is None
+    assert made == []
+
+
+def test_inputs_other_than_plain_tensors_are_left_to_tf_function():
+    spec = tf.RaggedTensorSpec((None, None), tf.float32)
+    assert training_state.trace_once(lambda x: {"loss": tf.reduce_sum(x)}, spec) is None
+
+
+class LazyScale(tapeworks.Task):
+    """Creates a raw `tf.Variable` the first time its losses are computed."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.net, self.scale = model, None
+        self.add_update("net", "loss", model, keras.optimizers.SGD(0.1))
+
+    def compute_losses(self, batch, training):
+        if self.scale is None:
+            self.scale = tf.Variable(0.5, trainable=False)
+        x, y = batch
+        return {"loss": self.scale * tf.reduce_mean((self.net(x, training=training) - y) ** 2)}
+
+
+def test_a_task_that_makes_its_own_tf_variable_while_traced_still_trains():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], "float32")
+    y = np.array([[1.0], [0.0]], "float32")
+    kernel = model.layers[0].kernel.numpy().copy()
+    bias = model.layers[0].bias.numpy().copy()
+    history = tapeworks.Trainer(LazyScale(model), jit_compile=False, steps_per_call=1,
+                                plan_cache=False).fit(x, y, batch_size=2, epochs=1, verbose=0)
+    # One SGD step on 0.5 * mean squared error, by hand.
+    error = x @ kernel + bias - y
+    expected_loss = 0.5 * float(np.mean(error ** 2))
+    assert history.history["loss"][0] == pytest.approx(expected_loss, rel=1e-6)
+    kernel_grad = 0.5 * 2.0 * x.T @ error / 2.0
+    np.testing.assert_allclose(model.layers[0].kernel.numpy(), kernel - 0.1 * kernel_grad,
+                               rtol=1e-6)
+
+
+def test_a_trace_that_fails_is_left_to_tf_function():
+    def fn(x):
+        keras.optimizers.SGD(0.1).build([keras.Variable(1.0)])   # refused in a stateless scope
+        return {"loss": tf.reduce_sum(x)}
+
+    assert training_state.trace_once(fn, tf.TensorSpec((None, 3), tf.float32)) is None
