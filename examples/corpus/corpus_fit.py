@@ -36,6 +36,10 @@ if SIZE not in ("small", "tiny"):
                      "Fix: unset it (small) or set it to one of those.")
 if FIT == "tapeworks":
     import tapeworks   # before TensorFlow starts: the XLA cache's flag is read then
+    # Imported here, as a script's imports are, not inside the timed `fit`:
+    # `tapeworks.Trainer` is imported on first use, and Keras' trainer is
+    # imported with `keras` (outside the clock too).
+    from tapeworks import Trainer
 
 _shown = []
 _show = warnings.showwarning
@@ -73,7 +77,7 @@ def fit(model, *args, **kwargs):
     if FIT == "keras":
         history = model.fit(*args, **kwargs)
     else:
-        history = tapeworks.Trainer(model).fit(*args, **kwargs)
+        history = Trainer(model).fit(*args, **kwargs)
     _fit_seconds = time.perf_counter() - start
     return history
 
