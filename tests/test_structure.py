@@ -77,6 +77,7 @@ LAYERS = {
     "tapeworks.engine.graph_options": 0,
     "tapeworks.engine.updater": 0,
     "tapeworks.engine.call_timing": 0,
+    "tapeworks.engine.recheck": 0,
     # Layer 1: one checked configuration, the training state, the data in once.
     "tapeworks.engine.config": 1,
     "tapeworks.engine.training_state": 1,

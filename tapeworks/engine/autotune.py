@@ -39,6 +39,10 @@ Timed rounds, and the check, stop after MIN_ROUNDS once their answer is
 clear (`_rounds_are_clear`, `_check_is_clear`): the steps they would have
 run train in the mode that wins instead.
 
+4. A measured choice is re-checked once, later, against the best measured
+   mode of another kind, in alternating calls (`recheck.Recheck`): a
+   measurement disturbed by other work on the machine is not kept for good.
+
 Every call is a real training call: no data is thrown away. An XLA failure to
 compile is caught on the mode's first call and that batch is trained without
 XLA (see `CallLoop.first_step`).
@@ -52,6 +56,7 @@ import math
 import statistics
 
 from tapeworks.engine import call_timing
+from tapeworks.engine import recheck as recheck_lib
 from tapeworks.engine.call_timing import MIN_ROUNDS
 # The planner's vocabulary; `autotune.Choice` and `autotune.describe` stay its names here.
 from tapeworks.engine.plan_terms import (CHOSEN, FIRST, HOLD, TIMED, WARM, Choice,  # noqa: F401
@@ -124,6 +129,7 @@ class CallPlanner:
         self.notes = []
         self.choice = None
         self.from_cache = False
+        self._recheck = recheck_lib.Recheck(ROUNDS)   # of a measured choice, once
         if len(self._modes) == 1 and not self._untried and self._fixed_steps is not None:
             self.choice = Choice(self._modes[0], self._fixed_steps, "fixed by the caller")
             self._queue = []
@@ -156,6 +162,8 @@ class CallPlanner:
     def next_call(self):
         """Returns the `PlannedCall` to run next."""
         if self.choice is not None:
+            if self._recheck.queue:
+                return self._recheck.queue[0]
             return PlannedCall(self.choice.jit_compile, self.choice.steps_per_call, CHOSEN)
         if not self._queue:
             # Waiting to learn how long the run is (data of unknown length):
@@ -223,11 +231,7 @@ class CallPlanner:
                 "steps_seen": self.steps_before + self.steps_trained}
 
     def limit_steps(self, max_steps):
-        """Caps steps per call, at half an epoch once its length is known.
-
-        A call as long as an epoch would nearly always be cut short by the end
-        of the data.
-        """
+        """Caps steps per call (half an epoch once known: a call that long is nearly always cut short)."""
         self._max_steps = max(1, min(int(max_steps), self._cap))
         if self.choice is not None and self.choice.steps_per_call > self._max_steps \
                 and self._fixed_steps is None:
@@ -241,6 +245,17 @@ class CallPlanner:
             if (probe.jit == self.choice.jit_compile
                     and ran == requested == self.choice.steps_per_call):
                 self._achieved.add(samples, seconds)
+            if self._recheck.is_next(probe):
+                full = ran == requested == probe.steps and self._is_full(requested, ran, samples)
+                changed = self._recheck.record(probe, seconds / samples if full else None,
+                                               self.choice, self.steps_trained)
+                if changed is not None:   # stored anew; its rate in fit measured anew
+                    (self.choice, note), self.from_cache = changed, False
+                    self.notes.append(note)
+                    self._achieved = call_timing.RecentRates()
+            elif not self.from_cache:
+                self._recheck.schedule(self.choice, self.steps_trained,
+                                       self._expected_steps(), self._max_steps)
             return
         if probe.kind == HOLD:
             if self.remaining_steps is not None:
@@ -332,6 +347,7 @@ class CallPlanner:
             "measured": measured,
             "start_seconds": {str(k): v for k, v in self._start_seconds.items()},
             "checked_against_baseline": checks,
+            "rechecked": self._recheck.report(),
             # Expected for the choice, and achieved by its calls in fit since.
             "expected_samples_per_s": self.choice.expected_samples_per_s if self.choice else None,
             "achieved_samples_per_s": self._achieved.median(),
@@ -429,25 +445,20 @@ class CallPlanner:
     def _trial_fits_this_fit(self):
         """Whether a trial started now can end before this fit does.
 
-        Only asked when earlier runs' steps count (`steps_before`): what a
-        trial finds is worth their steps only once it is stored, and a
-        process that ends in the middle of a trial stores nothing, so the
-        next run would pay the same start again (measured: short warm runs
-        of the large MLP each started the XLA update anew). Within a process
-        an unfinished trial goes on in the next fit.
+        Only asked when earlier runs' steps count (`steps_before`): a process
+        that ends mid-trial stores nothing, so the next run would pay the same
+        start again (measured: short warm runs of the large MLP each started
+        the XLA update anew). Within a process a trial goes on in the next fit.
         """
         if not self.steps_before:
             return True
         probe = max((n for n, _, _ in self._calls.get(False, [])), default=PROBE_STEPS)
-        # As many rounds as tf.function's took (on the same machine, the
-        # same noise; `_rounds_are_clear`).
+        # As many rounds as tf.function's took (the same noise). Then its
+        # start, its timed rounds of 1 and `probe` steps, and the check against
+        # one-step tf.function at the winner's steps per call: unknown before
+        # the trial, at most the cap (half an epoch once that is known).
         rounds = sum(1 for n, _, _ in self._calls.get(False, []) if n == 1)
         rounds = min(max(rounds, MIN_ROUNDS), ROUNDS)
-        # Its start, the timed rounds of 1 and `probe` steps, and the check
-        # of the winner against one-step tf.function, whose calls run the
-        # winner's steps per call: unknown before the trial (a faster step
-        # needs more of them to hide the same overhead), at most the cap
-        # (half an epoch when the epoch's length is known).
         trial = 2 + rounds * (1 + probe) + rounds * (1 + max(probe, self._max_steps))
         return (self.remaining_steps or 0) >= trial
 
@@ -526,6 +537,7 @@ class CallPlanner:
             # tf.function at n steps was measured against 1 step in the same
             # alternating rounds: nothing left to check.
             self.choice = candidate
+            self._note_runner_up()
         else:
             # Confirm the winner against plain tf.function, one step per
             # call, in alternating calls: the promise is never to be slower.
@@ -553,17 +565,24 @@ class CallPlanner:
                 self.choice.expected_samples_per_s = 1.0 / chosen
         # Checked: a mode reconsidered later is timed again, not checked.
         self._candidate = None
+        self._note_runner_up()
+
+    def _note_runner_up(self):
+        """After a measured choice: the best measured mode of another kind, re-checked later."""
+        best = self._fastest([m for m in self._modes if m != self.choice.jit_compile])
+        self._recheck.start(None if best is None else best[1], self.steps_trained)
 
     def _median_check(self, key):
         values = self._checks.get(key)
         return statistics.median(values) if values else None
 
+    def _fastest(self, modes):
+        """(seconds per sample, Choice) of the fastest of `modes` measured, or None."""
+        measured = [e for e in map(self._estimate, modes) if e is not None]
+        return min(measured, key=lambda e: e[0]) if measured else None
+
     def _best_measured(self):
-        best = None
-        for mode in self._modes:
-            option = self._estimate(mode)
-            if option is not None and (best is None or option[0] < best[0]):
-                best = option
+        best = self._fastest(self._modes)
         if best is None:
             return None
         per_sample, choice = best

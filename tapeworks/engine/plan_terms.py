@@ -6,7 +6,8 @@ Shared by the planner (`autotune`), the plan that hands out calls
 
 import dataclasses
 
-FIRST, WARM, TIMED, CHOSEN, HOLD = "first", "warm", "timed", "chosen", "hold"
+FIRST, WARM, TIMED, CHOSEN, HOLD, RECHECK = (
+    "first", "warm", "timed", "chosen", "hold", "recheck")
 
 
 @dataclasses.dataclass(frozen=True)
