@@ -19,6 +19,8 @@ from it here, so no two copies of the list can drift apart:
 
 import keras
 import tensorflow as tf
+# Internal to Keras (no public name): the scope `compute_output_spec` traces in.
+from keras.src.backend.common import symbolic_scope
 
 from tapeworks import distribute as distribute_lib
 from tapeworks.engine import capture as capture_lib
@@ -325,6 +327,12 @@ def trace_once(fn, spec):
     (Keras refuses some variables in a stateless scope, e.g. an optimizer
     compiled inside a loss): `tf.function`'s trace then runs the same code
     and raises what it always raised.
+
+    The trace also runs in Keras' symbolic scope, as
+    `backend.compute_output_spec` does: there a layer's weight regularizer
+    reads the variable itself, not its value in the stateless scope, which
+    holds none for variables made before it (a model with an L2 kernel
+    regularizer otherwise failed here and was traced twice).
     """
     if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
         return None
@@ -333,7 +341,7 @@ def trace_once(fn, spec):
         raise _NotKerasVariable()
 
     try:
-        with keras.StatelessScope():
+        with keras.StatelessScope(), symbolic_scope.SymbolicScope():
             with tf.__internal__.FuncGraph("tapeworks_build").as_default(), \
                     tf.variable_creator_scope(refuse):
                 inputs = tf.nest.map_structure(

@@ -89,3 +89,45 @@ def test_a_trace_that_fails_is_left_to_tf_function():
         return {"loss": tf.reduce_sum(x)}
 
     assert training_state.trace_once(fn, tf.TensorSpec((None, 3), tf.float32)) is None
+
+
+def test_a_model_with_a_weight_regularizer_is_traced_once_and_its_penalty_reads_the_weights():
+    # In Keras' stateless scope alone the regularizer read no value for a
+    # variable made before it and failed (the trace then fell back to
+    # tf.function's double trace); in the symbolic scope too it reads the
+    # variable, as `backend.compute_output_spec` lets it.
+    model = keras.Sequential([
+        keras.Input((2,)),
+        keras.layers.Dense(1, kernel_regularizer=keras.regularizers.L2(0.5), use_bias=False)])
+    model.layers[0].kernel.assign([[1.0], [2.0]])
+
+    def fn(x):
+        out = model(x)
+        return {"loss": tf.reduce_mean(out), "penalty": tf.add_n(model.losses)}
+
+    out = training_state.trace_once(fn, tf.TensorSpec((None, 2), tf.float32))
+    assert out is not None and sorted(out) == ["loss", "penalty"]
+    assert out["penalty"].shape.rank == 0 and out["penalty"].dtype == tf.float32
+    # Nothing ran and nothing was assigned: the eager penalty is 0.5 * (1 + 4).
+    assert float(tf.add_n(model.losses)) == pytest.approx(2.5)
+
+
+def test_a_regularized_model_trains_as_keras_trains_it():
+    def fitted(fit):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((2,)),
+            keras.layers.Dense(3, activation="relu", kernel_regularizer=keras.regularizers.L2(0.1)),
+            keras.layers.Dense(1, kernel_regularizer=keras.regularizers.L2(0.1))])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        x = np.array([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5], [-1.0, 1.0]], "float32")
+        y = np.array([[1.0], [0.0], [0.5], [2.0]], "float32")
+        history = fit(model)(x, y, batch_size=2, epochs=2, shuffle=False, verbose=0)
+        return history.history["loss"], [w.numpy() for w in model.weights]
+
+    keras_loss, keras_weights = fitted(lambda m: m.fit)
+    ours_loss, ours_weights = fitted(lambda m: tapeworks.Trainer(
+        m, jit_compile=False, steps_per_call=1, plan_cache=False).fit)
+    np.testing.assert_allclose(ours_loss, keras_loss, rtol=1e-5)
+    for ours, theirs in zip(ours_weights, keras_weights):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
