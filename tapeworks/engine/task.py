@@ -415,13 +415,39 @@ class SupervisedTask(Task):
                                 "sample_weight": sample_weight}
 
     def update_metrics(self, batch, outputs):
-        self.network.compute_metrics(outputs["x"], outputs["y"], outputs["y_pred"],
-                                     sample_weight=outputs["sample_weight"])
+        network = self.network
+        if type(network).compute_metrics is not keras.Model.compute_metrics:
+            # The model's own override: called as Keras' train_step calls it.
+            network.compute_metrics(outputs["x"], outputs["y"], outputs["y_pred"],
+                                    sample_weight=outputs["sample_weight"])
+            return
+        # What Keras' own `compute_metrics` updates, without what it then
+        # returns: every metric's result, read in each step and thrown away
+        # here (the call reads the results once, at its end). Those results
+        # were a graph's worth of nodes in every step (12 divisions and their
+        # reads for a model with 11 metrics), paid in tracing and first call.
+        compiled = getattr(network, "_compile_metrics", None)
+        if compiled is not None:
+            compiled.update_state(outputs["y"], outputs["y_pred"], outputs["sample_weight"])
 
     def metric_results(self):
-        # The model's own (unused) loss tracker is also called "loss":
-        # tapeworks tracks the loss itself, so its value wins.
-        return {k: v for k, v in self.network.get_metrics_result().items() if k != "loss"}
+        # Keras' `get_metrics_result`, less the model's own loss tracker:
+        # tapeworks tracks the loss itself (the model's tracker is never
+        # updated), so its result is not read, and a value named "loss" is
+        # tapeworks'.
+        network = self.network
+        unused = getattr(network, "_loss_tracker", None)
+        results = {}
+        for metric in network.metrics:
+            if metric is unused:
+                continue
+            result = metric.result()
+            if isinstance(result, dict):
+                results.update(result)
+            else:
+                results[metric.name] = result
+        results.pop("loss", None)
+        return results
 
     def reset_metrics(self):
         self.network.reset_metrics()

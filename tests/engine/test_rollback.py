@@ -147,24 +147,68 @@ class LogOfPrediction(keras.metrics.Mean):
         super().update_state(tf.math.log(y_pred))
 
 
-def test_a_nan_no_step_made_turns_the_fast_path_off_and_trains_as_guarded():
-    # The loss and gradients stay finite; the metric does not: the replay
-    # finds no bad step, so the check goes step by step from then on.
+class NaNAsideInCall(keras.layers.Layer):
+    """Passes its input through; writes the log of its smallest input into a weight no loss reads."""
+
+    def build(self, shape):
+        self.aside = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+    def call(self, x):
+        self.aside.assign(tf.math.log(tf.reduce_min(x)))
+        return x
+
+
+def _fit_checked(fast, *, metrics=(), layers=()):
     data = _data(bad_sample=None)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), *layers, keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse", metrics=list(metrics))
+    trainer = Trainer(model, jit_compile=False, steps_per_call=3, plan_cache=False)
+    if not fast:
+        trainer.rollback.disabled_reason = "off for the comparison"
+    history = trainer.fit(*data, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return [w.copy() for w in model.get_weights()], trainer, history.history
 
-    def fit(fast):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(keras.optimizers.SGD(0.01), "mse", metrics=[LogOfPrediction()])
-        trainer = Trainer(model, jit_compile=False, steps_per_call=3, plan_cache=False)
-        if not fast:
-            trainer.rollback.disabled_reason = "off for the comparison"
-        history = trainer.fit(*data, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-        return [w.copy() for w in model.get_weights()], trainer, history.history
 
-    fast = fit(True)
+def test_a_metric_that_turns_nan_alone_is_not_a_bad_call():
+    # The loss and gradients stay finite, the metric does not: the guarded
+    # step withholds nothing for it, and the call's check does not read the
+    # metrics' variables, so the fast path stays on, with the same history.
+    fast = _fit_checked(True, metrics=[LogOfPrediction()])
+    assert fast[1].rollback.disabled_reason is None
+    assert np.isnan(fast[2]["mean"][-1])
+    _same(fast, _fit_checked(False, metrics=[LogOfPrediction()]))
+
+
+def test_a_nan_no_step_made_turns_the_fast_path_off_and_trains_as_guarded():
+    # A weight the step's forward pass writes turns NaN while the loss and
+    # gradients stay finite: the replay finds no bad step, so the check goes
+    # step by step from then on.
+    fast = _fit_checked(True, layers=[NaNAsideInCall()])
     assert "no step made non-finite" in fast[1].rollback.disabled_reason
-    _same(fast, fit(False))
+    _same(fast, _fit_checked(False, layers=[NaNAsideInCall()]))
+
+
+def test_the_calls_check_leaves_out_the_metrics_but_the_snapshot_keeps_them():
+    _, trainer, _ = _fit_checked(True, metrics=["mae", LogOfPrediction()])
+    snapshot = trainer.rollback.snapshot
+    metric = trainer.model.metrics_variables
+    tracker = trainer.training_state.loss_trackers["loss"].variables
+    held = {id(v) for v in snapshot.variables}
+    assert all(id(v) in held for v in metric + tracker)
+    checked = {id(v) for v in snapshot._checked}
+    assert not any(id(v) in checked for v in metric)
+    assert all(id(v) in checked for v in tracker + trainer.model.trainable_variables)
+    # A metric's state is still put back after a bad call.
+    tf.function(snapshot.take)()
+    kept = [v.numpy() for v in metric]
+    for v in metric:
+        v.assign(tf.fill(v.shape, np.nan) if tf.as_dtype(v.dtype).is_floating
+                 else tf.zeros(v.shape, v.dtype))
+    assert bool(snapshot.intact())
+    snapshot.restore()
+    for v, value in zip(metric, kept):
+        np.testing.assert_array_equal(v.numpy(), value)
 
 
 def test_a_state_too_large_to_copy_keeps_the_per_step_guard(monkeypatch):
