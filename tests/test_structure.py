@@ -49,6 +49,7 @@ LAYERS = {
     "tapeworks.engine.capture": 0,
     "tapeworks.engine.nonfinite": 0,
     "tapeworks.engine.rollback": 0,
+    "tapeworks.engine.iterator_release": 0,
     "tapeworks.engine.inference_mode": 0,
     "tapeworks.engine.retracing": 0,
     "tapeworks.engine.loss_graph": 0,

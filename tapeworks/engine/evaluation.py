@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.engine import callback_bridge, guards, inputs
+from tapeworks.engine import callback_bridge, guards, inputs, iterator_release
 from tapeworks.engine import task as task_lib
 from tapeworks.engine.progress import resolve_verbose
 from tapeworks.errors import ConfigError, DataSpecError
@@ -97,6 +97,8 @@ def _calls(loop, prepared, callbacks, kind, iterate, batches=None):
             with guards.inside_step():
                 ran, *outputs = loop(iterator)
             yield done, int(ran), outputs
+        iterator_release.release(iterator)   # its destructor may wait: not here
+        del iterator
         prepared.on_epoch_end()
         return
     per_call = 1 if callback_bridge.wants_batch_hooks(callbacks, kind) else STEPS_PER_CALL
@@ -110,6 +112,8 @@ def _calls(loop, prepared, callbacks, kind, iterate, batches=None):
             done += ran
         if ran < per_call:
             break
+    iterator_release.release(iterator)
+    del iterator
     prepared.on_epoch_end()
 
 

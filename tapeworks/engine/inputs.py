@@ -37,6 +37,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDataset, PyDat
 from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
 from tapeworks.data.pipeline import is_built, parallelism_choices, without_autotuning
+from tapeworks.engine import iterator_release
 from tapeworks.errors import ConfigError, DataSpecError
 
 DEFAULT_BATCH_SIZE = 32   # Keras' default for arrays
@@ -304,6 +305,7 @@ class EpochBatches:
         # The input planner's way for this epoch: the same data, run its way.
         dataset = (self.input_planner.dataset if self.input_planner is not None
                    else self.prepared.dataset)
+        self.close()
         self._iterator = self.make_iterator(dataset)
         self._used = 0
         self.passes += 1
@@ -340,7 +342,13 @@ class EpochBatches:
 
     def adopt(self, iterator):
         """Goes on with `iterator` (from `replay`) in place of the pass's own."""
+        self.close()
         self._iterator = iterator
+
+    def close(self):
+        """Lets go of the pass's iterator off this thread (`iterator_release`)."""
+        old, self._iterator = self._iterator, None
+        iterator_release.release(old)
 
 
 def batch_size_of(x):

@@ -100,7 +100,8 @@ class NoResume:
         pass
 
     def finish(self, host_step, batches, finished):
-        pass
+        """The end of a fit that trained to its end: the data's iterator is let go."""
+        batches.close()
 
 
 class ResumableRun(NoResume):
@@ -257,6 +258,7 @@ class ResumableRun(NoResume):
             # finds the run finished instead of repeating its tail (or the
             # end of its last epoch: validation, epoch callbacks).
             self._save(host_step, batches, finished, 0, 0)
+        super().finish(host_step, batches, finished)
         self._exit_if_preempted()
 
     def _save(self, host_step, batches, epoch, steps_in_epoch, samples_in_epoch, logs=None):

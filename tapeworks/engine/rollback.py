@@ -77,10 +77,10 @@ class CallSnapshot:
                 sizes = [math.prod(int(d) for d in v.shape) for v in members]
                 copy = tf.Variable(self._joined(members), trainable=False, name="rollback")
                 self._groups.append((dtype, members, sizes, copy))
-        # What `intact` reads: the floating variables, less `unchecked`
-        # (metrics: see `RollbackPath.applies`).
+        # `checked`: what `intact` reads, the floating variables less
+        # `unchecked` (the metrics': see `RollbackPath.applies`).
         skip = {id(v) for v in unchecked}
-        self._checked = [v for v in self.variables
+        self.checked = [v for v in self.variables
                          if tf.as_dtype(v.dtype).is_floating and id(v) not in skip]
         self.confirmed = False   # checked against the variables after a first call
 
@@ -104,7 +104,7 @@ class CallSnapshot:
         (reading the copies here too doubled the check's nodes).
         """
         groups = {}
-        for variable in self._checked:
+        for variable in self.checked:
             groups.setdefault(tf.as_dtype(variable.dtype), []).append(variable)
         finite = [tf.reduce_all(tf.math.is_finite(self._joined(members)))
                   for members in groups.values()]
@@ -124,7 +124,7 @@ class CallSnapshot:
         call's doing (a loss total after a step "skip" skipped, a value set
         so before training): it does not count against the call.
         """
-        checked = {id(v) for v in self._checked}
+        checked = {id(v) for v in self.checked}
         return any(id(variable) in checked
                    and not bool(tf.reduce_all(tf.math.is_finite(variable)))
                    and bool(tf.reduce_all(tf.math.is_finite(kept)))

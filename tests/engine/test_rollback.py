@@ -196,7 +196,7 @@ def test_the_calls_check_leaves_out_the_metrics_but_the_snapshot_keeps_them():
     tracker = trainer.training_state.loss_trackers["loss"].variables
     held = {id(v) for v in snapshot.variables}
     assert all(id(v) in held for v in metric + tracker)
-    checked = {id(v) for v in snapshot._checked}
+    checked = {id(v) for v in snapshot.checked}
     assert not any(id(v) in checked for v in metric)
     assert all(id(v) in checked for v in tracker + trainer.model.trainable_variables)
     # A metric's state is still put back after a bad call.
