@@ -91,9 +91,12 @@ class TrainingState:
             elif isinstance(task, task_lib.SupervisedTask) and not task.model.built:
                 if eagerly:
                     task.model(zeros_like(x_spec), training=False)
-                else:
-                    tf.function(lambda x: task.model(x, training=False)).get_concrete_function(
-                        x_spec)
+                elif not targets:
+                    _build_by_tracing(task.model, x_spec)
+                # Compiled, for training: built by the losses' scratch trace below,
+                # as Keras' symbolic build does, instead of a trace of its own
+                # (which `tf.function` runs twice as it creates the variables:
+                # 0.1-0.13 s before the first step of a small unbuilt model).
             if not targets:
                 return
 
@@ -117,6 +120,11 @@ class TrainingState:
             else:
                 traced = trace_once(trace_losses, element_spec)
                 if traced is None:
+                    half_built = _half_built(task.models)
+                    if half_built:
+                        raise _half_built_error(half_built)
+                    if isinstance(task, task_lib.SupervisedTask) and not task.model.built:
+                        _build_by_tracing(task.model, x_spec)
                     traced = (tf.function(trace_losses, autograph=False)
                               .get_concrete_function(element_spec).structured_outputs)
                 loss_names = list(traced)
@@ -349,6 +357,38 @@ def trace_once(fn, spec):
                 return fn(inputs)
     except Exception:   # noqa: BLE001 (see above: traced again, where it raises as before)
         return None
+
+
+def _build_by_tracing(model, x_spec):
+    """Builds `model` by tracing its call with `tf.function`, which lifts any variable out."""
+    tf.function(lambda x: model(x, training=False)).get_concrete_function(x_spec)
+
+
+def _half_built(models):
+    """Names of the layers whose build stopped after making weights of their own."""
+    names = []
+    for layer in task_lib.layers_of(models, include_self=True):
+        if layer.built:
+            continue
+        inner = {id(w) for sub in task_lib.layers_of([layer]) for w in sub.weights}
+        if any(id(w) not in inner for w in layer.weights):
+            names.append(layer.name)
+    return names
+
+
+def _half_built_error(names):
+    """The error when a scratch trace stopped inside a layer's build after it made weights.
+
+    Tracing again would build that layer a second time, beside the weights
+    it already made, so the build stops here instead.
+    """
+    return ConfigError(
+        f"Building the model stopped inside the build of {', '.join(names)}: it created a "
+        "`tf.Variable` of its own after weights made with `add_weight`, which tapeworks "
+        "cannot create ahead of the step. Expected every variable of a Keras 3 layer made "
+        "with `self.add_weight(...)`. Fix: make that variable with `self.add_weight(...)` "
+        "(or `keras.Variable`), or build the model before the Trainer takes it (call it "
+        "once on a batch).")
 
 
 def zeros_like(spec):

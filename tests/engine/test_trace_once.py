@@ -131,3 +131,56 @@ def test_a_regularized_model_trains_as_keras_trains_it():
     np.testing.assert_allclose(ours_loss, keras_loss, rtol=1e-5)
     for ours, theirs in zip(ours_weights, keras_weights):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
+
+
+class CountsCalls(keras.layers.Layer):
+    """A Dense-like layer that counts how often its `call` runs (traced or eager)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 1), initializer="ones")
+
+    def call(self, x):
+        self.calls += 1
+        return x @ self.kernel
+
+
+def test_an_unbuilt_model_is_built_by_the_losses_scratch_trace_not_traced_twice_more():
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], "float32")
+    y = np.array([[1.0], [0.0]], "float32")
+    layer = CountsCalls()
+    model = keras.Sequential([layer])   # no Input: built by the first batch
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    trainer = tapeworks.Trainer(model, jit_compile=False, steps_per_call=1, plan_cache=False)
+    history = trainer.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    # Keras' Sequential build calls it once (symbolically), then once in
+    # the scratch trace (loss names) and once in the step's trace; building
+    # with tf.function first traced the model twice more (5 calls).
+    assert layer.calls == 3 and trainer.traces["train_step"] == 1
+    error = x @ np.ones((2, 1), "float32") - y
+    assert history.history["loss"][0] == pytest.approx(float(np.mean(error ** 2)), rel=1e-6)
+    np.testing.assert_allclose(layer.kernel.numpy(),
+                               np.ones((2, 1)) - 0.1 * 2.0 * x.T @ error / 2.0, rtol=1e-6)
+
+
+class RawVariableAfterWeights(keras.layers.Layer):
+    """Makes a weight with add_weight, then a tf.Variable of its own, in build."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 1), initializer="ones")
+        self.scale = tf.Variable(1.0)
+
+    def call(self, x):
+        return x @ self.kernel * self.scale
+
+
+def test_a_build_stopped_after_making_weights_is_refused_naming_the_layer_not_built_twice():
+    model = keras.Sequential([RawVariableAfterWeights(name="mixed")])
+    model.compile("sgd", "mse")
+    with pytest.raises(tapeworks.ConfigError, match=r"build of mixed.*add_weight"):
+        tapeworks.Trainer(model, jit_compile=False, plan_cache=False).fit(
+            np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), verbose=0)
+    assert len(model.weights) == 1   # not a second kernel beside the first
