@@ -118,11 +118,12 @@ class TrainingState:
                         element_spec)
                     task.reset_metrics()
             else:
-                traced = trace_once(trace_losses, element_spec)
+                failures = []
+                traced = trace_once(trace_losses, element_spec, failures)
                 if traced is None:
                     half_built = _half_built(task.models)
                     if half_built:
-                        raise _half_built_error(half_built)
+                        raise _half_built_error(half_built, failures)
                     if isinstance(task, task_lib.SupervisedTask) and not task.model.built:
                         _build_by_tracing(task.model, x_spec)
                     traced = (tf.function(trace_losses, autograph=False)
@@ -317,8 +318,10 @@ class _NotKerasVariable(Exception):
     """A `tf.Variable` that Keras does not create was asked for in `trace_once`'s scratch graph."""
 
 
-def trace_once(fn, spec):
+def trace_once(fn, spec, failures=None):
     """`fn`'s outputs, traced once in a scratch graph; None where only `tf.function` can.
+
+    `failures`: a list that gets the exception that stopped the trace, if any.
 
     A `tf.function` that creates variables is traced twice by TensorFlow
     (once to create them, once more after): reading the loss names that way,
@@ -355,7 +358,9 @@ def trace_once(fn, spec):
                 inputs = tf.nest.map_structure(
                     lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), spec)
                 return fn(inputs)
-    except Exception:   # noqa: BLE001 (see above: traced again, where it raises as before)
+    except Exception as error:   # noqa: BLE001 (see above: traced again, where it raises as before)
+        if failures is not None:
+            failures.append(error)
         return None
 
 
@@ -376,19 +381,28 @@ def _half_built(models):
     return names
 
 
-def _half_built_error(names):
+def _half_built_error(names, failures):
     """The error when a scratch trace stopped inside a layer's build after it made weights.
 
     Tracing again would build that layer a second time, beside the weights
     it already made, so the build stops here instead.
     """
+    failure = failures[0] if failures else None
+    if isinstance(failure, _NotKerasVariable):
+        what = "it created a `tf.Variable` of its own after weights made with `add_weight`"
+        fix = ("make that variable with `self.add_weight(...)` (or `keras.Variable`), or "
+               "build the model before the Trainer takes it (call it once on a batch)")
+    else:
+        what = (f"it raised {type(failure).__name__}: {str(failure)[:300]}"
+                if failure is not None else "it stopped")
+        fix = ("make the build work on symbolic inputs (no `.numpy()` or Python branches on "
+               "tensor values in `build`), or build the model before the Trainer takes it "
+               "(call it once on a batch)")
     return ConfigError(
-        f"Building the model stopped inside the build of {', '.join(names)}: it created a "
-        "`tf.Variable` of its own after weights made with `add_weight`, which tapeworks "
-        "cannot create ahead of the step. Expected every variable of a Keras 3 layer made "
-        "with `self.add_weight(...)`. Fix: make that variable with `self.add_weight(...)` "
-        "(or `keras.Variable`), or build the model before the Trainer takes it (call it "
-        "once on a batch).")
+        f"Building the model stopped inside the build of {', '.join(names)}, after it had "
+        f"made weights: {what}. tapeworks builds a model in a scratch graph before the first "
+        "step, as Keras' symbolic build does, and building it again would make those weights "
+        f"twice. Expected a layer whose `build` runs on symbolic inputs. Fix: {fix}.")
 
 
 def zeros_like(spec):

@@ -180,7 +180,28 @@ class RawVariableAfterWeights(keras.layers.Layer):
 def test_a_build_stopped_after_making_weights_is_refused_naming_the_layer_not_built_twice():
     model = keras.Sequential([RawVariableAfterWeights(name="mixed")])
     model.compile("sgd", "mse")
-    with pytest.raises(tapeworks.ConfigError, match=r"build of mixed.*add_weight"):
+    expected = r"build of mixed.*`tf.Variable` of its own after weights made with `add_weight`"
+    with pytest.raises(tapeworks.ConfigError, match=expected):
         tapeworks.Trainer(model, jit_compile=False, plan_cache=False).fit(
             np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), verbose=0)
     assert len(model.weights) == 1   # not a second kernel beside the first
+
+
+class ReadsAValueInBuild(keras.layers.Layer):
+    """Makes a weight, then reads a tensor's value in build (which only eager code can)."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 1), initializer="ones")
+        self.scale = float(tf.reduce_sum(self.kernel).numpy())
+
+    def call(self, x):
+        return x @ self.kernel * self.scale
+
+
+def test_a_build_stopped_for_another_reason_names_what_it_raised():
+    model = keras.Sequential([ReadsAValueInBuild(name="reads")])
+    model.compile("sgd", "mse")
+    with pytest.raises(tapeworks.ConfigError, match=r"build of reads.*it raised \w+"):
+        tapeworks.Trainer(model, jit_compile=False, plan_cache=False).fit(
+            np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), verbose=0)
+    assert len(model.weights) == 1
