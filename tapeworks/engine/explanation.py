@@ -163,17 +163,17 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
         compile_seconds[jit] = seconds if trial.traces > traced else None
 
     def per_step(jit, iterator, steps_per_call, calls):
-        return alternating(jit, [iterator], steps_per_call, calls)[0]
+        return alternating(jit, [(iterator, steps_per_call)], calls)[0]
 
-    def alternating(jit, iterators, steps_per_call, calls):
-        """Seconds per step on each iterator: calls alternated between them, medians.
+    def alternating(jit, runs, calls):
+        """Seconds per step of each (iterator, steps per call): calls alternated, medians.
 
         Alternating keeps a drift of the machine's speed (another process,
         the clock) out of the difference between them.
         """
-        loop, times = loop_for(jit), [[] for _ in iterators]
+        loop, times = loop_for(jit), [[] for _ in runs]
         for _ in range(calls):
-            for iterator, kept in zip(iterators, times):
+            for (iterator, steps_per_call), kept in zip(runs, times):
                 start = time.perf_counter()
                 ran = int(loop(iterator, tf.constant(steps_per_call, tf.int64))[0])
                 kept.append((time.perf_counter() - start) / max(ran, 1))
@@ -186,17 +186,14 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
             pipeline = 1.0 / diagnose_lib.pipeline_rate(dataset.repeat(), steps)
             first_call(mode, memory)
             per_step(mode, memory, many, 1)   # warm: caches, allocator, thread pools
-            bulk = per_step(mode, memory, many, 3)
-            one = per_step(mode, memory, 1, steps)
+            # One step per call and many, alternated: per step, t(k) = compute + call / k.
+            bulk, one = alternating(mode, [(memory, many), (memory, 1)], 5)
             # The step from memory and fed by the pipeline, alternated:
             # their difference is the input wait.
-            current, fed = alternating(mode, [memory, piped], per_call,
+            current, fed = alternating(mode, [(memory, per_call), (piped, per_call)],
                                        max(3, steps // per_call))
-            compute = max((many * bulk - one) / (many - 1), 1e-9) if many > 1 else bulk
-            call_cost = max(one - compute, 0.0)
+            compute, host, call_cost = split_step(bulk, one, many, current, per_call)
             wait = max(fed - current, 0.0)
-            host = min(call_cost / per_call, current)
-            compute = max(current - host, 0.0)
             total = compute + host + wait
             changes, failed = [], []
             if per_call < many:
@@ -264,6 +261,21 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
         compile_seconds=compile_seconds, retraces=retraces,
         verdict=max(shares, key=shares.get), changes=helpful, tried=tried,
         findings=findings, profile_dir=profile, correctness=correctness)
+
+
+def split_step(bulk, one, many, current, per_call):
+    """(compute, host) seconds of a step measured at `current`, and the host's cost of a call.
+
+    From the per-step times at `many` steps per call (`bulk`) and at one
+    (`one`), with t(k) = compute + call / k. `current`, the step at the
+    trainer's own `per_call`, is split as that model splits it, so that noise
+    between its rounds and those of `bulk` and `one` (a shared machine) scales
+    both parts rather than landing in the compute alone.
+    """
+    compute = max((many * bulk - one) / (many - 1), 1e-9) if many > 1 else bulk
+    call_cost = max(one - compute, 0.0)
+    host = current * (call_cost / per_call) / (compute + call_cost / per_call)
+    return current - host, host, call_cost
 
 
 def _precision_change():

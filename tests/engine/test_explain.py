@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from tapeworks import Trainer
-from tapeworks.engine.explanation import Explanation
+from tapeworks.engine.explanation import Explanation, split_step
 
 
 def tiny_trainer(**kwargs):
@@ -49,6 +49,7 @@ def test_a_tiny_model_at_one_step_per_call_is_host_bound_and_nothing_is_trained(
     assert result.batch_size == 8 and result.steps_per_call == 1 and result.mode is False
     assert result.seconds_per_step == pytest.approx(
         result.input_wait + result.compute + result.host)
+    assert 0 < result.compute < result.seconds_per_step
     text = str(result)
     assert "Verdict: HOST OVERHEAD" in text and "1. steps_per_call=10" in text
     # Nothing trained: weights, optimizer state and counters as they were.
@@ -60,6 +61,24 @@ def test_a_tiny_model_at_one_step_per_call_is_host_bound_and_nothing_is_trained(
     # And training goes on from there as if explain had not run.
     trainer.fit((x, y), batch_size=8, epochs=1, verbose=0)
     assert int(trainer.counters.step) == step + 32
+
+
+def test_a_step_is_split_into_compute_and_host_as_the_two_call_sizes_measure_it():
+    # 1 ms of compute and 9 ms a call: 10 ms a step at one per call, 1.9 ms at ten.
+    compute, host, call = split_step(bulk=0.0019, one=0.010, many=10, current=0.010,
+                                     per_call=1)
+    assert (compute, host, call) == pytest.approx((0.001, 0.009, 0.009))
+    # The same step measured slower in other rounds (a busy machine) keeps its proportions.
+    compute, host, _ = split_step(bulk=0.0019, one=0.010, many=10, current=0.020,
+                                  per_call=1)
+    assert (compute, host) == pytest.approx((0.002, 0.018))
+    # At five steps per call the host's share is a fifth of a call: 1.8 ms of 2.8 ms.
+    compute, host, _ = split_step(bulk=0.0019, one=0.010, many=10, current=0.0028,
+                                  per_call=5)
+    assert (compute, host) == pytest.approx((0.001, 0.0018))
+    # Where many steps cost as much as one, all of it is compute.
+    assert split_step(bulk=0.004, one=0.004, many=10, current=0.004, per_call=1) \
+        == pytest.approx((0.004, 0.0, 0.0))
 
 
 def slow_pipeline():
