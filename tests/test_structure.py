@@ -37,6 +37,7 @@ LAYERS = {
     "tapeworks.distribute": 0,
     "tapeworks.data": 0,
     "tapeworks.prune": 0,
+    "tapeworks.engine.control_flow": 0,
     "tapeworks.engine.replicas": 0,
     "tapeworks.engine.precision": 0,
     "tapeworks.engine.task": 0,

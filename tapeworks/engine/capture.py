@@ -11,6 +11,8 @@ Steps per call are capped at k, so no capture is overwritten before it is read.
 import keras
 import tensorflow as tf
 
+from tapeworks.engine import control_flow
+
 
 class Capture(tf.Module):
     """Buffers for the captured tensors, and the step they come from."""
@@ -32,7 +34,7 @@ class Capture(tf.Module):
                 self.buffers[name].assign(tensor)
             self.step.assign(step)
 
-        tf.cond((step + 1) % self.every == 0, record, lambda: None)
+        control_flow.cond((step + 1) % self.every == 0, record, lambda: None)
 
     def read(self):
         return int(self.step.numpy()), {name: b.numpy() for name, b in self.buffers.items()}

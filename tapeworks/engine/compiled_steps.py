@@ -12,7 +12,8 @@ import typing
 
 import tensorflow as tf
 
-from tapeworks.engine import graph_options, inference_mode, model_step, replicas, step, updater
+from tapeworks.engine import (control_flow, graph_options, inference_mode, model_step, replicas,
+                              step, updater)
 from tapeworks.engine.traced import Traced
 from tapeworks.engine.traced_numbers import TracedNumbers
 
@@ -239,7 +240,7 @@ class CompiledSteps:
 
             def close_all():
                 for one in updaters:
-                    tf.cond(one.state.has_pending(), one.close_window, lambda: None)
+                    control_flow.cond(one.state.has_pending(), one.close_window, lambda: None)
 
             return (close_all if self.config.run_eagerly
                     else tf.function(Traced(close_all), autograph=False))

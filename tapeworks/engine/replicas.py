@@ -30,6 +30,8 @@ import threading
 
 import tensorflow as tf
 
+from tapeworks.engine import control_flow
+
 _patch_lock = threading.Lock()
 _unscaled_depth = 0   # process-wide: MirroredStrategy traces its replicas in threads
 
@@ -126,7 +128,7 @@ def cond_across_replicas(verdict, apply, skip, args):
         def run_skip():
             distribution.extended.call_for_each_replica(skip)
 
-        tf.cond(decided, run_apply, run_skip)
+        control_flow.cond(decided, run_apply, run_skip)
 
     tf.distribute.get_replica_context().merge_call(cross, args=(verdict, args))
 
@@ -140,7 +142,7 @@ def branch(predicate, true_fn):
     if needs_merge_call():
         cond_across_replicas(predicate, true_fn, lambda: None, ())
     else:
-        tf.cond(predicate, true_fn, lambda: None)
+        control_flow.cond(predicate, true_fn, lambda: None)
 
 
 def for_gradient(objective):

@@ -27,7 +27,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import gradient_health, guards, replicas
+from tapeworks.engine import control_flow, gradient_health, guards, replicas
 from tapeworks.engine.monitor import RECORDS_PER_CALL
 from tapeworks.engine.task import batch_size as task_batch_size
 from tapeworks.engine.task import layers_of
@@ -141,7 +141,7 @@ def make_train_step(task, trackers, updaters, precision, counters, hooks=None,
             if update.every == 1:
                 run()
             else:
-                tf.cond(counters.step % update.every == 0, run, lambda: None)
+                control_flow.cond(counters.step % update.every == 0, run, lambda: None)
         del tape
         if forward_state and kept:
             good = tf.reduce_all(tf.stack(kept))
@@ -325,8 +325,8 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
                 on_outputs(extra)
             return steps + 1, samples + batch, tf.constant(False)
 
-        done = tf.cond(optional.has_value(), run,
-                       lambda: (steps, samples, tf.constant(True)))
+        done = control_flow.cond(optional.has_value(), run,
+                                 lambda: (steps, samples, tf.constant(True)))
         return (*done, *kept)
 
     def going_on(steps, exhausted, limit):
@@ -342,7 +342,7 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
         def go_on(steps, samples, exhausted, *last):
             return going_on(steps, exhausted, limit)
 
-        return tf.while_loop(go_on, body, carried)
+        return control_flow.while_loop(go_on, body, carried)
 
     def loop(iterator, num_steps, monitored_at=None):
         carried = (tf.constant(0, tf.int64), tf.constant(0, tf.int64), tf.constant(False))
@@ -357,7 +357,7 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
                 at = monitored_at[index]
                 carried = plain_steps(iterator, tf.minimum(at, num_steps), carried)
                 steps, samples, exhausted, *last = carried
-                carried = tf.cond(
+                carried = control_flow.cond(
                     tf.logical_and(at < num_steps, going_on(steps, exhausted, at + 1)),
                     lambda steps=steps, samples=samples: draw_and_run(
                         monitored_step, iterator, steps, samples),
@@ -381,8 +381,8 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
         spec = iterator.element_spec
 
         def draw_if(due):
-            return tf.cond(due, iterator.get_next_as_optional,
-                           lambda: tf.experimental.Optional.empty(spec))
+            return control_flow.cond(due, iterator.get_next_as_optional,
+                                     lambda: tf.experimental.Optional.empty(spec))
 
         def due(steps):
             going = steps < limit
@@ -399,7 +399,7 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
             steps = steps + 1
             return steps, samples + batch, draw_if(due(steps)), current
 
-        steps, samples, _, last = tf.while_loop(
+        steps, samples, _, last = control_flow.while_loop(
             go_on, body, (steps, samples, draw_if(due(steps)), last))
         return steps, samples, last
 
@@ -472,10 +472,10 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
                 written = tf.nest.map_structure(lambda a, t: a.write(index, t), arrays, out)
                 return steps + 1, tf.constant(False), written
 
-            return tf.cond(optional.has_value(), run,
-                           lambda: (steps, tf.constant(True), arrays))
+            return control_flow.cond(optional.has_value(), run,
+                                     lambda: (steps, tf.constant(True), arrays))
 
-        steps, _, arrays = tf.while_loop(
+        steps, _, arrays = control_flow.while_loop(
             lambda steps, exhausted, arrays: tf.logical_and(
                 steps < num_steps, tf.logical_not(exhausted)),
             body,

@@ -11,7 +11,7 @@ the step around the updaters.
 
 import tensorflow as tf
 
-from tapeworks.engine import gradient_health, guards, replicas
+from tapeworks.engine import control_flow, gradient_health, guards, replicas
 from tapeworks.engine.precision import all_finite
 from tapeworks.engine.traced import Traced
 
@@ -216,7 +216,7 @@ class Updater:
                 ([tf.convert_to_tensor(g) for g in gradients], variables))
             return
         # A skip lowers a loss scale; for float32 the precision's skip is a no-op.
-        tf.cond(finite, lambda: apply(gradients, variables), self.precision.on_skipped)
+        control_flow.cond(finite, lambda: apply(gradients, variables), self.precision.on_skipped)
 
     def _prepared(self, grads_and_vars):
         """Clipping, then the gradient hooks: what the optimizer is given."""
@@ -277,7 +277,7 @@ class Updater:
                     update(grads)
                     self.precision.on_applied()
 
-                tf.cond(ok, apply, self.precision.on_skipped)
+                control_flow.cond(ok, apply, self.precision.on_skipped)
 
             self._fused[key] = tf.function(Traced(update if finite is None else guarded),
                                            jit_compile=True, autograph=False)
