@@ -175,8 +175,10 @@ def resolve_precision(model, precision):
     policy = model.dtype_policy.name
     if policy == "mixed_float16" and plugin.policy != "mixed_float16":
         # A model built under mixed_float16 needs loss scaling to train
-        # correctly, whatever was asked.
-        return precision_lib.MixedFloat16("the model was built with mixed_float16")
+        # correctly, whatever was asked. Its History keeps the keys Keras' fit
+        # gives it (Keras' LossScaleOptimizer logs neither the scale nor skips).
+        return precision_lib.MixedFloat16("the model was built with mixed_float16",
+                                          in_logs=False)
     return plugin
 
 

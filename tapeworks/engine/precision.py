@@ -82,9 +82,12 @@ class MixedFloat16(MixedBFloat16):
     policy = "mixed_float16"
     checks_finite = True
 
-    def __init__(self, reason="asked for", initial_scale=2.0 ** 15, growth_interval=2000):
+    def __init__(self, reason="asked for", initial_scale=2.0 ** 15, growth_interval=2000,
+                 in_logs=True):
         super().__init__(reason)
         self.growth_interval = growth_interval
+        # Whether `loss_scale` and `skipped_steps` join the logs (and History).
+        self.in_logs = in_logs
         self.scale = tf.Variable(initial_scale, dtype=tf.float32, trainable=False,
                                  name="loss_scale")
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
@@ -109,6 +112,8 @@ class MixedFloat16(MixedBFloat16):
         self.skipped_steps.assign_add(1)
 
     def logs(self):
+        if not self.in_logs:
+            return {}
         return {"loss_scale": self.scale.read_value(),
                 "skipped_steps": self.skipped_steps.read_value()}
 

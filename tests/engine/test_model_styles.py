@@ -3,7 +3,7 @@
 `compute_loss` overrides (with and without Keras 3.3's `training`), `add_loss`
 models fitted on a dataset without targets, multi-output models with a loss
 dict that leaves an output without a loss, `keras.utils.PyDataset` and
-Python generators. Twin models with the same fixed initial weights; the same
+Python generators, a model built under Keras' mixed_float16 policy. Twin models with the same fixed initial weights; the same
 unshuffled batches; History keys and values and the final weights compared.
 """
 
@@ -174,3 +174,29 @@ def test_a_dict_of_features_with_a_key_that_names_no_input_trains_as_keras_reads
     trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2)
     history = trainer.fit(data, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
+
+
+def test_a_model_built_under_keras_mixed_float16_policy_keeps_keras_history_keys():
+    # Keras' mixed precision guide: the global policy, a float32 output layer,
+    # and fit (Keras wraps the optimizer in a LossScaleOptimizer, which logs
+    # nothing). tapeworks scales the loss itself and keeps its figures aside.
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3,))
+        hidden = keras.layers.Dense(4, activation="relu")(inputs)
+        outputs = keras.layers.Activation("linear", dtype="float32")(
+            keras.layers.Dense(1)(hidden))
+        model = keras.Model(inputs, outputs)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+        return model
+
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        expected, got, reference, model = fit_both(
+            build, lambda m: dict(x=X, y=Y, batch_size=8, epochs=2))
+    finally:
+        keras.mixed_precision.set_global_policy(before)
+    assert model.layers[1].compute_dtype == "float16"
+    assert sorted(got.history) == sorted(expected.history) == ["loss"]
+    np.testing.assert_allclose(got.history["loss"], expected.history["loss"], rtol=1e-3)
