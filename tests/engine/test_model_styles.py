@@ -3,8 +3,9 @@
 `compute_loss` overrides (with and without Keras 3.3's `training`), `add_loss`
 models fitted on a dataset without targets, multi-output models with a loss
 dict that leaves an output without a loss, `keras.utils.PyDataset` and
-Python generators, a model built under Keras' mixed_float16 policy. Twin models with the same fixed initial weights; the same
-unshuffled batches; History keys and values and the final weights compared.
+Python generators, a model built under Keras' mixed_float16 policy. Twin models
+with the same fixed initial weights; the same unshuffled batches; History keys
+and values and the final weights compared.
 """
 
 import keras
