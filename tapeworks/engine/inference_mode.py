@@ -112,20 +112,80 @@ def has_training_default(layer):
 
 
 def check_built(models, updates):
-    """Warns about layers built with training=False whose trainable variables an update trains."""
+    """Warns about layers built with training=False whose trainable variables an update trains.
+
+    Only where the mode changes something in them (`acts_by_mode`): an
+    encoder of Dense layers alone computes the same either way, and the
+    warning would have nothing true to say.
+    """
     trained = {id(v) for update in updates for v in update.variables()}
     for layer in built_in_inference(models):
         count = sum(id(v) in trained for v in layer.trainable_variables)
-        if not count:
+        acting = acts_by_mode(layer)
+        if not count or not acting:
             continue
+        named = ", ".join(f"{type(a).__name__} `{a.name}`" for a in acting[:3])
+        named += f" and {len(acting) - 3} more" if len(acting) > 3 else ""
+        batchnorm = any(isinstance(a, keras.layers.BatchNormalization) for a in acting)
+        keep_batchnorm = (
+            "; to fine-tune it with its BatchNormalization in inference mode (what that "
+            "training=False asked for, as in Keras' transfer-learning guide), set "
+            "`trainable = False` on each BatchNormalization layer in it (Keras 3 runs a frozen "
+            "BatchNormalization in inference mode)" if batchnorm else "")
         warn(f"tapeworks: `{layer.name}` was called with training=False when its Functional "
              f"model was built, but its {count} trainable variable(s) are trained, and Keras 3 "
              "does not keep that training=False: under fit the outer training=True reaches "
-             f"`{layer.name}`, so it is fine-tuned in training mode (BatchNormalization "
-             "statistics move, Dropout is on). Fix: if it is a frozen feature extractor, set "
-             f"`{layer.name}.trainable = False` before building the Trainer; if fine-tuning is "
-             "meant, pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning,
+             f"`{layer.name}`, so it is fine-tuned in training mode, {named} included "
+             "(BatchNormalization statistics move, Dropout drops). Fix: if it is a "
+             f"frozen feature extractor, set `{layer.name}.trainable = False` before building "
+             f"the Trainer{keep_batchnorm}; if fine-tuning in training mode is meant, pass "
+             "`Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning,
              section="inference-mode")
+
+
+def acts_by_mode(layer):
+    """The layers inside `layer` (itself included) that compute differently in training mode.
+
+    A trainable BatchNormalization (a frozen one runs in inference mode in
+    Keras 3 whatever it is told) and SpectralNormalization; a dropout or
+    noise layer, or a recurrent cell, with a rate above zero; Keras' random
+    augmentations; a `Lambda` whose function takes `training`; and any layer
+    of the user's whose `call` takes `training`, since what it does with it
+    cannot be read. Keras' other layers that take `training` (Dense,
+    EinsumDense: for LoRA and quantization) compute the same either way.
+    Layers that hold other layers (a model, an RNN around its cell, a
+    wrapper) count through what they hold.
+    """
+    return [inner for inner in layers_of([layer], include_self=True)
+            if not list(inner._flatten_layers(include_self=False, recursive=False))
+            and _acts_by_mode(inner)]
+
+
+# Keras' image augmentations whose names do not start with "Random".
+_KERAS_AUGMENTATIONS = ("AugMix", "CutMix", "MixUp", "RandAugment", "Solarization")
+
+
+def _acts_by_mode(layer):
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return layer.trainable
+    rates = [getattr(layer, name) for name in ("rate", "stddev", "dropout", "recurrent_dropout")
+             if isinstance(getattr(layer, name, None), (int, float))]
+    if rates:
+        return any(rate > 0 for rate in rates)
+    if isinstance(layer, keras.layers.Lambda):
+        return "training" in _parameters(layer.function)
+    if type(layer).__module__.startswith("keras."):
+        name = type(layer).__name__
+        return (isinstance(layer, keras.layers.SpectralNormalization)
+                or name.startswith("Random") or name in _KERAS_AUGMENTATIONS)
+    return "training" in _parameters(layer.call)
+
+
+def _parameters(function):
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def check_frozen_batchnorm(models):

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tapeworks import CorrectnessWarning, Task, Trainer
+from tapeworks.engine.inference_mode import acts_by_mode
 
 
 def encoder_model():
@@ -145,9 +146,85 @@ def test_no_warning_for_a_training_default_keras_filled_in(layer):
 
 def test_a_training_false_the_user_wrote_on_an_rnn_free_layer_still_warns():
     # The same graph with an encoder the user called with training=False.
-    encoder = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    encoder = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                                keras.layers.Dropout(0.5, name="drops")])
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(1)(encoder(inputs, training=False)))
-    with pytest.warns(CorrectnessWarning, match="training=False when its Functional model"):
+    with pytest.warns(CorrectnessWarning, match="training=False when its Functional model.*"
+                      "Dropout `drops` included"):
         Trainer(model, "adam", "mse", jit_compile=False, plan_cache=False).fit(
             np.zeros((8, 3), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+
+
+def quiet_fit(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        Trainer(model, "adam", "mse", jit_compile=False, plan_cache=False).fit(
+            np.ones((8, 3), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+
+
+@pytest.mark.parametrize("inside", [
+    lambda: [keras.layers.Dense(4)],
+    lambda: [keras.layers.Dense(4), keras.layers.Dropout(0.0)],
+    lambda: [keras.layers.Reshape((1, 3)), keras.layers.LSTM(2)],
+], ids=["dense", "dropout-0", "lstm-without-dropout"])
+def test_no_warning_where_training_false_changes_nothing_in_the_encoder(inside):
+    # Its weights train, but the mode changes nothing it computes: there is
+    # nothing true for the warning to say.
+    encoder = keras.Sequential([keras.Input((3,)), *inside()])
+    inputs = keras.Input((3,))
+    quiet_fit(keras.Model(inputs, keras.layers.Dense(1)(encoder(inputs, training=False))))
+
+
+def test_the_layers_whose_computation_the_mode_changes():
+    class OwnNoise(keras.layers.Layer):
+        def call(self, x, training=None):
+            return x + 1.0 if training else x
+
+    frozen_bn = keras.layers.BatchNormalization(name="frozen_bn")
+    frozen_bn.trainable = False
+    encoder = keras.Sequential([
+        keras.Input((4, 4, 3)), keras.layers.RandomFlip(name="flip"),
+        keras.layers.Conv2D(2, 3, name="conv"), keras.layers.BatchNormalization(name="bn"),
+        frozen_bn, keras.layers.Flatten(), keras.layers.Dense(3, name="dense"),
+        keras.layers.Dropout(0.2, name="drop"), keras.layers.Dropout(0.0, name="no_drop"),
+        keras.layers.Lambda(lambda x, training=None: x, name="reads_mode"),
+        keras.layers.Lambda(lambda x: x, name="ignores_mode"),
+        OwnNoise(name="own"), keras.layers.Reshape((1, 3)),
+        keras.layers.GRU(2, dropout=0.1, name="gru"), keras.layers.Reshape((1, 2)),
+        keras.layers.LSTM(2, name="lstm")])
+    acting = [layer.name for layer in acts_by_mode(encoder)]
+    assert acting[:5] == ["flip", "bn", "drop", "reads_mode", "own"]
+    # The GRU counts through its cell (dropout 0.1); the LSTM's cell has none.
+    assert len(acting) == 6 and isinstance(acts_by_mode(encoder)[-1], keras.layers.GRUCell)
+
+
+def transfer_model():
+    """Keras' transfer-learning guide, second part: the base unfrozen to fine-tune it."""
+    base = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                             keras.layers.BatchNormalization(name="bn")], name="base")
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(base(inputs, training=False)))
+    base.trainable = True
+    return model, base
+
+
+def test_fine_tuning_a_base_with_batchnorm_names_it_and_the_way_to_keep_it_in_inference_mode():
+    model, base = transfer_model()
+    with pytest.warns(CorrectnessWarning, match=r"`base` was called with training=False.*"
+                      r"BatchNormalization `bn` included.*`trainable = False` on "
+                      r"each BatchNormalization layer in it"):
+        Trainer(model, "adam", "mse", jit_compile=False, plan_cache=False).fit(
+            np.ones((8, 3), "float32"), np.zeros((8, 1), "float32"), verbose=0)
+
+
+def test_following_that_fix_keeps_the_statistics_and_warns_no_more():
+    model, base = transfer_model()
+    bn = base.get_layer("bn")
+    bn.moving_mean.assign([0.5, -0.5, 1.0, 0.0])   # as pretrained weights would set them
+    bn.trainable = False
+    before = bn.moving_mean.numpy().copy()
+    kernel = base.layers[0].kernel.numpy().copy()
+    quiet_fit(model)
+    np.testing.assert_array_equal(bn.moving_mean.numpy(), before)
+    assert not np.array_equal(base.layers[0].kernel.numpy(), kernel)   # fine-tuned
