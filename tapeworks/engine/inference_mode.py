@@ -65,13 +65,15 @@ def check(found, updates):
     trained = {id(v): update.name for update in updates for v in update.variables()}
     for layer in found:
         names = {trained[id(v)] for v in layer.trainable_variables if id(v) in trained}
-        if not names:
-            continue
+        acting = acts_by_mode(layer)
+        if not names or not acting:
+            continue   # nothing trained, or nothing the mode changes: nothing true to say
         count = len(layer.trainable_variables)
         warn(f"tapeworks: `{layer.name}` is called with training=False inside the training "
              f"step, yet its {count} trainable variable(s) are updated by "
-             f"{', '.join(repr(n) for n in sorted(names))}: BatchNormalization and Dropout "
-             "run in inference mode while the optimizer changes its weights. Fix: if it is a "
+             f"{', '.join(repr(n) for n in sorted(names))}: it runs in inference mode "
+             f"({_named(acting)}: BatchNormalization keeps its statistics, Dropout is off) "
+             "while the optimizer changes its weights. Fix: if it is a "
              f"frozen feature extractor, set `{layer.name}.trainable = False` before building "
              "the Trainer (or `Task.freeze` it); if fine-tuning in inference mode is meant, "
              "pass `Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning,
@@ -124,8 +126,7 @@ def check_built(models, updates):
         acting = acts_by_mode(layer)
         if not count or not acting:
             continue
-        named = ", ".join(f"{type(a).__name__} `{a.name}`" for a in acting[:3])
-        named += f" and {len(acting) - 3} more" if len(acting) > 3 else ""
+        named = _named(acting)
         batchnorm = any(isinstance(a, keras.layers.BatchNormalization) for a in acting)
         keep_batchnorm = (
             "; to fine-tune it with its BatchNormalization in inference mode (what that "
@@ -141,6 +142,11 @@ def check_built(models, updates):
              f"the Trainer{keep_batchnorm}; if fine-tuning in training mode is meant, pass "
              "`Trainer(fine_tune_in_inference_mode=True)`.", CorrectnessWarning,
              section="inference-mode")
+
+
+def _named(layers):
+    named = ", ".join(f"{type(a).__name__} `{a.name}`" for a in layers[:3])
+    return named + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
 
 
 def acts_by_mode(layer):

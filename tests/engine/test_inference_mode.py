@@ -228,3 +228,24 @@ def test_following_that_fix_keeps_the_statistics_and_warns_no_more():
     quiet_fit(model)
     np.testing.assert_array_equal(bn.moving_mean.numpy(), before)
     assert not np.array_equal(base.layers[0].kernel.numpy(), kernel)   # fine-tuned
+
+
+def test_a_task_calling_a_dense_encoder_in_inference_mode_gets_no_warning():
+    # Nothing in it computes differently in inference mode.
+    class DenseProbe(Task):
+        def __init__(self):
+            super().__init__()
+            self.encoder = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)],
+                                            name="encoder")
+            self.head = keras.layers.Dense(1)
+            self.add_update("all", "mse", [self.encoder, self.head], keras.optimizers.SGD(0.1))
+
+        def compute_losses(self, batch, training):
+            x, y = batch
+            return {"mse": tf.reduce_mean(tf.square(self.head(self.encoder(x, training=False))
+                                                    - y))}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorrectnessWarning)
+        Trainer(DenseProbe(), jit_compile=False, steps_per_call=2).fit(
+            *data(), batch_size=8, verbose=0)
