@@ -151,7 +151,11 @@ def check_graph(graph, training=None):
         if op in MAPS and index not in generator_prefix:
             called = _called_ops(node, functions)
             if op == "MapDataset":
-                add("TD005", "map without num_parallel_calls runs one example at a time", node,
+                # After a batch it maps whole batches; before a cache, only the first pass.
+                unit = "batch" if last_batch is not None else "example"
+                cached = any(later.op in CACHES for later in chain[index + 1:])
+                add("TD005", f"map without num_parallel_calls runs one {unit} at a time"
+                    + (" (in the first epoch: a cache follows it)" if cached else ""), node,
                     "`.map(fn, num_parallel_calls=tf.data.AUTOTUNE)`")
             if called & PY_FUNCS:
                 add("TD007", "py_function/numpy_function in a map: Python per example, holding "

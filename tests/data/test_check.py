@@ -49,6 +49,20 @@ def test_each_finding(code):
     assert str(finding).startswith(code) and "Fix:" in str(finding)
 
 
+def test_a_map_says_what_it_runs_one_at_a_time_and_when_a_cache_limits_it():
+    def message(dataset):
+        return next(f.message for f in data.check(dataset, training=True) if f.code == "TD005")
+
+    double = lambda x, y: (x * 2, y)   # noqa: E731
+    assert message(source().shuffle(1000).map(double).batch(32).prefetch(AUTOTUNE)) == (
+        "map without num_parallel_calls runs one example at a time")
+    assert message(source().shuffle(1000).batch(32).map(double).prefetch(AUTOTUNE)) == (
+        "map without num_parallel_calls runs one batch at a time")
+    assert message(source().map(double).cache().shuffle(1000).batch(32).prefetch(AUTOTUNE)) == (
+        "map without num_parallel_calls runs one example at a time (in the first epoch: a "
+        "cache follows it)")
+
+
 def test_prefetch_not_last():
     found = data.check(source().batch(32).prefetch(AUTOTUNE).map(
         lambda x, y: (x, y), num_parallel_calls=AUTOTUNE))
