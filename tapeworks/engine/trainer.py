@@ -441,7 +441,7 @@ class Trainer(evaluation.EvaluateAndPredict):
                     validation_batch_size=validation_batch_size,
                     validation_steps=validation_steps, epochs_to_run=epochs - initial_epoch,
                     plan_input=checkpoint_dir is None)
-                state.build(data.train.dataset.element_spec)
+                state.build(data.train.dataset.element_spec, lazy_losses=checkpoint_dir is None)
                 self._first_fit_checks()
                 fit_checks.check_batch_statistics(self.task, data.train)
                 calls = self._call_loop()

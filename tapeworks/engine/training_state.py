@@ -53,7 +53,7 @@ class TrainingState:
 
     # Building -------------------------------------------------------------
 
-    def build(self, element_spec, targets=True):
+    def build(self, element_spec, targets=True, lazy_losses=False):
         """Creates every variable (models, optimizers, metrics, state) before compiling.
 
         A `tf.function` that creates variables is traced twice; creating them
@@ -61,14 +61,17 @@ class TrainingState:
         retracing visible in `Trainer.traces`. With `run_eagerly` the model is
         built by an eager call on a batch of zeros shaped like the data, so a
         model whose `call` reads `.numpy()` builds as it runs. `targets=False`
-        (predict) builds the model only.
+        (predict) builds the model only. `lazy_losses` (fit without a
+        checkpoint to restore): with `run_eagerly` and a built Keras model,
+        the loss trackers and compiled metrics are made by the first step,
+        as Keras' eager fit makes them, not by a run on zeros.
         """
         if self.built:
             return
         with self.strategy.scope(), replicas.state_variables():
-            self._build_in_scope(element_spec, targets)
+            self._build_in_scope(element_spec, targets, lazy_losses)
 
-    def _build_in_scope(self, element_spec, targets):
+    def _build_in_scope(self, element_spec, targets, lazy_losses=False):
         task, config = self.task, self.config
         if targets:
             self.element_spec = element_spec
@@ -107,6 +110,17 @@ class TrainingState:
 
             if task.own_train_step:
                 loss_names = []   # its logs are its own (`model_step.OwnLogs`)
+            elif (lazy_losses and config.run_eagerly and eagerly is True
+                  and not replicas.is_replicated(self.strategy)
+                  and isinstance(task, task_lib.SupervisedTask) and task.model.built):
+                # run_eagerly, a built Keras model, nothing to restore before
+                # the first step (`lazy_losses`: fit without checkpoint_dir):
+                # the first step names the losses and builds the compiled
+                # metrics as it runs, as Keras' eager fit does, instead of a
+                # run of the model, loss and metrics on zeros before it (the
+                # tf_preprocessing_layers corpus script: about 0.02-0.03 s of
+                # a 0.8 s fit; see benchmarks/examples.md, "Fifth run").
+                loss_names = None
             elif eagerly:
                 loss_names = list(trace_losses(zeros_like(element_spec)))
                 task.reset_metrics()
@@ -130,7 +144,8 @@ class TrainingState:
                               .get_concrete_function(element_spec).structured_outputs)
                 loss_names = list(traced)
             task.remember_capture_specs()
-            self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in loss_names}
+            self.loss_trackers = (LossTrackers() if loss_names is None else
+                                  {name: keras.metrics.Mean(name=name) for name in loss_names})
             self.update_states = []
             for update in task.updates:
                 variables = update.variables()
@@ -312,6 +327,18 @@ class TrainingState:
             update.optimizer.finalize_variable_values(update.variables())
         if self.config.pruning is not None:
             self.config.pruning.apply_masks()
+
+
+class LossTrackers(dict):
+    """Loss name -> `keras.metrics.Mean`, each made when the step first reports that loss.
+
+    For an eager state built without a run on zeros (`TrainingState.build`'s
+    `lazy_losses`): the first step's losses name them, in their order.
+    """
+
+    def __missing__(self, name):
+        tracker = self[name] = keras.metrics.Mean(name=name)
+        return tracker
 
 
 class _NotKerasVariable(Exception):

@@ -236,6 +236,52 @@ def test_run_eagerly_runs_call_eagerly_from_the_first_batch():
     assert np.isfinite(trainer.fit(X, LABELS, batch_size=8, verbose=0).history["loss"][0])
 
 
+class CountsCalls(keras.layers.Layer):
+    """The identity; counts the batches it saw."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.rows = []
+
+    def call(self, x):
+        if tf.executing_eagerly():
+            self.rows.append(int(tf.shape(x)[0]))
+        return x
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def eager_counted():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    counted = CountsCalls()
+    outputs = keras.layers.Dense(3)(counted(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], run_eagerly=True)
+    return model, counted
+
+
+def test_an_eager_fit_runs_the_model_on_its_batches_only_and_matches_keras(tmp_path):
+    # As Keras' eager fit: the first step names the losses and builds the
+    # metrics, with no run on zeros before it.
+    reference, _ = eager_counted()
+    expected = reference.fit(X, LABELS, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    model, counted = eager_counted()
+    history = tapeworks.Trainer(model).fit(X, LABELS, batch_size=8, epochs=2, verbose=0,
+                                          shuffle=False)
+    assert counted.rows == [8] * 10
+    assert list(history.history) == list(expected.history)
+    for key, values in expected.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
+    # Where a checkpoint may be restored before the first step, the state is built whole first.
+    model, counted = eager_counted()
+    tapeworks.Trainer(model).fit(X, LABELS, batch_size=8, epochs=1, verbose=0, shuffle=False,
+                                 checkpoint_dir=str(tmp_path))
+    assert counted.rows == [1] + [8] * 5
+
+
 def test_a_model_without_trainable_weights_still_runs_its_metrics():
     model = compiled(one_input)
     model.trainable = False
