@@ -110,7 +110,7 @@ class TrainingState:
 
             if task.own_train_step:
                 loss_names = []   # its logs are its own (`model_step.OwnLogs`)
-            elif (lazy_losses and config.run_eagerly and eagerly is True
+            elif (lazy_losses and config.run_eagerly
                   and not replicas.is_replicated(self.strategy)
                   and isinstance(task, task_lib.SupervisedTask) and task.model.built):
                 # run_eagerly, a built Keras model, nothing to restore before
