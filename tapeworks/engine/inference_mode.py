@@ -65,8 +65,8 @@ def check(found, updates):
     trained = {id(v): update.name for update in updates for v in update.variables()}
     for layer in found:
         names = {trained[id(v)] for v in layer.trainable_variables if id(v) in trained}
-        acting = acts_by_mode(layer)
-        if not names or not acting:
+        acting = acts_by_mode(layer) if names else []
+        if not acting:
             continue   # nothing trained, or nothing the mode changes: nothing true to say
         count = len(layer.trainable_variables)
         warn(f"tapeworks: `{layer.name}` is called with training=False inside the training "
@@ -106,10 +106,7 @@ def built_in_inference(models):
 
 def has_training_default(layer):
     """Whether `layer.call` gives `training` a default other than None (Keras then fills it in)."""
-    try:
-        parameter = inspect.signature(layer.call).parameters.get("training")
-    except (TypeError, ValueError):
-        return False
+    parameter = _parameters(layer.call).get("training")
     return parameter is not None and parameter.default not in (None, inspect.Parameter.empty)
 
 
@@ -123,8 +120,8 @@ def check_built(models, updates):
     trained = {id(v) for update in updates for v in update.variables()}
     for layer in built_in_inference(models):
         count = sum(id(v) in trained for v in layer.trainable_variables)
-        acting = acts_by_mode(layer)
-        if not count or not acting:
+        acting = acts_by_mode(layer) if count else []
+        if not acting:
             continue
         named = _named(acting)
         batchnorm = any(isinstance(a, keras.layers.BatchNormalization) for a in acting)
