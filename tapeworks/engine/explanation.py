@@ -242,7 +242,6 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
     helpful = sorted((c for c in changes if c.speedup is None or c.speedup >= WORTHWHILE),
                      key=lambda c: -(c.speedup or 1.0))
     tried = [c for c in changes if c not in helpful] + failed
-    shares = {"input-bound": wait, "host overhead": host, "compute-bound": compute}
     # The user's tf.functions that traced again, in the last fit and here.
     retraces = [f"{r.function} ({r.where}), {r.traces} traces: "
                 + "; ".join(f"`{arg}` changed" for arg, _, _ in r.changes)
@@ -259,8 +258,14 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
         precision=trial.precision_policy, seconds_per_step=total, input_wait=wait,
         compute=compute, host=host, per_call=call_cost, pipeline_seconds_per_batch=pipeline,
         compile_seconds=compile_seconds, retraces=retraces,
-        verdict=max(shares, key=shares.get), changes=helpful, tried=tried,
+        verdict=verdict_of(wait, host, compute), changes=helpful, tried=tried,
         findings=findings, profile_dir=profile, correctness=correctness)
+
+
+def verdict_of(input_wait, host, compute):
+    """The name of a step's largest part: "input-bound", "host overhead" or "compute-bound"."""
+    shares = {"input-bound": input_wait, "host overhead": host, "compute-bound": compute}
+    return max(shares, key=shares.get)
 
 
 def split_step(bulk, one, many, current, per_call):
