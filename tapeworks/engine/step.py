@@ -367,6 +367,42 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
             return (steps, samples, results(), rollback.intact())
         return (steps, samples, results(), *last)
 
+    def eager_loop(iterator, num_steps, monitored_at=None):
+        """`loop` run eagerly (`run_eagerly=True`, one device): the same steps, counted in Python.
+
+        `loop` called eagerly runs its bookkeeping as one eager op each (the
+        optional's three, the count's comparison and sums, the loop test's
+        logical ops): about ten ops a step a Python count does not pay, and
+        their kernels' first use, some milliseconds in a fresh process. The
+        counts come back as Python ints (callers take `int()` of them).
+        """
+        limit = int(num_steps)
+        monitored = (set() if monitored_at is None
+                     else {int(at) for at in monitored_at.numpy() if at < limit})
+        if rollback is not None:
+            rollback.take()
+        steps = samples = 0
+        last = None   # the last batch drawn; None once the data ended
+        while steps < limit and (not keep_last or bool(should_continue())):
+            try:
+                last = next(iterator)
+            except StopIteration:
+                last = None
+                break
+            batch = (monitored_step if steps in monitored else one_step)(last)
+            if on_outputs is not None:
+                batch, extra = batch
+                on_outputs(extra)
+            steps += 1
+            samples += int(batch)
+        if rollback is not None:
+            return (steps, samples, results(), rollback.intact())
+        if not keep_last:
+            return (steps, samples, results())
+        drawn = (tf.experimental.Optional.empty(iterator.element_spec) if last is None
+                 else tf.experimental.Optional.from_value(last))
+        return (steps, samples, results(), drawn)
+
     def replicated_steps(step_fn, iterator, limit, steps, samples, last):
         """Runs `step_fn` while under `limit` steps, data is left and (with a halt) no halt.
 
@@ -417,9 +453,9 @@ def make_loop(one_step, results, *, run_eagerly, replicated=False, on_outputs=No
         steps, samples, last = carried
         return (steps, samples, results(), *((last,) if keep_last else ()))
 
-    chosen = replicated_loop if replicated else loop
     if run_eagerly:
-        return chosen
+        return replicated_loop if replicated else eager_loop
+    chosen = replicated_loop if replicated else loop
     # Explicit control flow instead of AutoGraph: see `compile_step`.
     return tf.function(Traced(chosen), autograph=False)
 

@@ -47,3 +47,34 @@ def test_an_eager_step_calls_neither_tf_cond_nor_tf_while_loop(monkeypatch):
                                                       shuffle=False)
     assert np.isfinite(history.history["loss"][0])
     assert called == []
+
+
+def test_an_eager_fit_counts_its_steps_in_python(monkeypatch):
+    # Eagerly, the loop's bookkeeping as tensors (the optional's tests, the
+    # count's comparison and sums, the halt's logical ops) is about ten ops a
+    # step the step itself does not need (see `step.make_loop`'s eager_loop).
+    from tensorflow.python import pywrap_tfe
+
+    def model():
+        made = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        made.set_weights([np.array([[0.5], [-0.25]], "float32"), np.zeros(1, "float32")])
+        made.compile(keras.optimizers.SGD(0.1), "mse", run_eagerly=True)
+        return made
+
+    x = np.arange(20, dtype="float32").reshape(10, 2) / 10
+    y = x.sum(axis=1, keepdims=True)
+    keras_history = model().fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False)
+    ran = []
+    original = pywrap_tfe.TFE_Py_FastPathExecute
+    monkeypatch.setattr(pywrap_tfe, "TFE_Py_FastPathExecute",
+                        lambda ctx, op, *a: (ran.append(op), original(ctx, op, *a))[1])
+    trainer = tapeworks.Trainer(model(), steps_per_call=4, plan_cache=False)
+    history = trainer.fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False)
+    bookkeeping = {"IteratorGetNextAsOptional", "OptionalHasValue", "Less", "LogicalAnd",
+                   "LogicalNot"}
+    assert bookkeeping.isdisjoint(ran), sorted(bookkeeping & set(ran))
+    # 5 batches an epoch in calls of 4 (the second call meets the data's end):
+    # every batch trained once, the losses Keras' own eager fit gives.
+    assert int(trainer.training_state.counters.step.value()) == 10
+    np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"],
+                               rtol=1e-6)
