@@ -251,14 +251,23 @@ class Task:
         """
         generator = getattr(self, "_random", None)
         if generator is None:
-            generator = self._random = tf.random.Generator.from_non_deterministic_state()
+            seed = getattr(self, "_random_seed", None)
+            generator = self._random = (
+                tf.random.Generator.from_seed(seed) if seed is not None
+                else tf.random.Generator.from_non_deterministic_state())
         return generator
 
+    # Whether `compute_losses` may draw from `random`: its generator is then
+    # made before any tracing (a variable made inside a trace is lost). A task
+    # that never draws from it gets it when a checkpoint asks for it: making it
+    # was 3 ms of every fit's start (from the non-deterministic state).
+    draws_random = True
+
     def seed_random(self, seed):
-        """Creates the generator before any tracing (a variable made inside a trace is lost)."""
-        if getattr(self, "_random", None) is None:
-            self._random = (tf.random.Generator.from_seed(seed) if seed is not None
-                            else tf.random.Generator.from_non_deterministic_state())
+        """Seeds `random` (`Trainer(seed=)`); made now when the task draws from it."""
+        self._random_seed = seed
+        if self.draws_random:
+            self.random  # noqa: B018  (made here, outside any trace)
 
     def check_unchanged(self):
         """Raises `ConfigError` when the task changed in a way its compiled step cannot follow."""
@@ -365,6 +374,10 @@ class SupervisedTask(Task):
     keeping every setting not given (metrics, `jit_compile`,
     `steps_per_execution`, `run_eagerly`, ...).
     """
+
+    # Its losses are the model's and the compiled loss': nothing draws from
+    # `random` (a subclass whose `compute_losses` does sets this True).
+    draws_random = False
 
     def __init__(self, model, optimizer=None, loss=None, metrics=None, loss_weights=None,
                  weighted_metrics=None):

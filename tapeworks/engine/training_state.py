@@ -269,7 +269,8 @@ class TrainingState:
         for part in parts:
             add(part.variables)
         add(self.metric_variables())
-        add([task.random.state])
+        if task.draws_random:   # else a step never changes it (nor makes it)
+            add([task.random.state])
         return list(found.values())
 
     def everything(self):

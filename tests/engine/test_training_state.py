@@ -22,7 +22,8 @@ def every_variable(trainer):
     for model in trainer.task.models:
         for variable in model.metrics_variables:
             found[id(variable)] = variable
-    found[id(trainer.task.random.state)] = trainer.task.random.state
+    if trainer.task.draws_random:   # a Keras model's task never draws: no state to keep
+        found[id(trainer.task.random.state)] = trainer.task.random.state
     return list(found.values())
 
 

@@ -263,6 +263,30 @@ def test_the_task_generator_is_seeded_and_checkpointed():
     np.testing.assert_array_equal(draws[0], draws[1])   # Trainer(seed=) seeds it
 
 
+def test_a_keras_model_s_generator_is_made_when_a_checkpoint_asks_seeded_all_the_same(
+        monkeypatch):
+    # A SupervisedTask never draws from it: made by the checkpoint, not by every fit.
+    made = []
+    for name in ("from_seed", "from_non_deterministic_state"):
+        original = getattr(tf.random.Generator, name)
+        monkeypatch.setattr(tf.random.Generator, name, staticmethod(
+            lambda *a, _name=name, _original=original, **k: (
+                made.append(_name), _original(*a, **k))[1]))
+    x, y = data()
+    states = []
+    for _ in range(2):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        t = tapeworks.Trainer(model, seed=5, jit_compile=False)
+        t.fit(x, y.astype("float32"), batch_size=16, epochs=1, verbose=0)
+        # Nothing made by this fit: one generator per checkpoint asked for before.
+        assert made == ["from_seed"] * len(states)
+        states.append(t.checkpoint.task_random.state.numpy())
+    np.testing.assert_array_equal(states[0], states[1])
+    monkeypatch.undo()
+    np.testing.assert_array_equal(states[0], tf.random.Generator.from_seed(5).state.numpy())
+
+
 def test_resuming_on_other_data_or_another_seed_is_told(tmp_path):
     x, y = data(96)
     t = trainer()
