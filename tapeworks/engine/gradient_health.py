@@ -161,6 +161,12 @@ class DeadGradients(tf.Module):
         if not self._held.items:
             return
         by_id = {id(v): n for v, n in zip(variables, norms) if n is not None}
+        if tf.executing_eagerly():
+            # run_eagerly: the sentinels read as numbers, added in one op (a
+            # stack is one eager op more a step, and its first use ~1 ms).
+            self.norm_sum.assign_add(np.array(
+                [float(by_id.get(id(v), -1.0)) for v in self._held.items], np.float32))
+            return
         self.norm_sum.assign_add(
             tf.stack([by_id.get(id(v), tf.constant(-1.0)) for v in self._held.items]))
 

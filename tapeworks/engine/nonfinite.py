@@ -32,6 +32,7 @@ message names.
 """
 
 import dataclasses
+import math
 import os
 import tempfile
 import time
@@ -44,6 +45,8 @@ from tapeworks.engine import model_step, replicas
 from tapeworks.engine.gradient_health import GradientSize
 from tapeworks.engine.task import layers_of
 from tapeworks.errors import ConfigError, CorrectnessWarning, TapeworksError, warn
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 POLICIES = ("raise", "skip", "warn", None)
 
@@ -96,6 +99,8 @@ class NonFiniteGuard(tf.Module):
         (`gradient_health.gradient_sentinels`): reductions the dead-gradient
         count shares, so the verdict adds an `add_n`.
         """
+        if tf.executing_eagerly() and not replicas.several():
+            return self._host_verdict(loss, norms, loss_scaled)
         total = tf.cast(loss, tf.float32)
         if not loss_scaled:
             norms = [n for n in norms if n is not None]
@@ -103,12 +108,25 @@ class NonFiniteGuard(tf.Module):
                 total = total + tf.add_n(norms)
         # Agreed between replicas: all apply or all withhold the same update.
         finite = replicas.agree(tf.math.is_finite(total))
-        if tf.executing_eagerly():
-            # run_eagerly: the verdict's value is at hand; three ops a step fewer.
-            if not bool(finite):
-                self.count.assign_add(1)
-        else:
-            self.count.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        self.count.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        return finite
+
+    def _host_verdict(self, loss, norms, loss_scaled):
+        """`verdict` run eagerly on one replica: the same float32 sum's verdict, in Python.
+
+        The values are at hand eagerly: reading each to the host costs
+        microseconds, where the graph's add_n, add and is_finite (and the
+        count's cast) were an eager op each a step, and each op's first use
+        about 1 ms of a fresh process (`run_eagerly` scripts).
+        """
+        total = float(loss)
+        if not loss_scaled:
+            norm_sum = sum(float(n) for n in norms if n is not None)
+            # As float32 sums: a partial sum beyond float32's range is non-finite there.
+            total = total + norm_sum if abs(norm_sum) <= FLOAT32_MAX else math.inf
+        finite = math.isfinite(total) and abs(total) <= FLOAT32_MAX
+        if not finite:
+            self.count.assign_add(1)
         return finite
 
     def should_continue(self):

@@ -331,3 +331,24 @@ def test_a_loss_function_that_makes_the_nan_itself_is_named(tmp_path):
     assert caught.value.report.loss_term == "loss" and caught.value.report.first_layer is None
     for got, want in zip(model.get_weights(), before):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("loss, norms, loss_scaled, expected", [
+    (1.0, [2.0, None, 3.0], False, True),
+    (float("nan"), [2.0], False, False),
+    (1.0, [float("inf"), 2.0], False, False),
+    (1.0, [2e38, 2e38], False, False),       # the float32 sum overflows
+    (-3e38, [2e38], False, True),
+    (1.0, [float("nan")], True, True),       # loss-scaled: the loss scale judges gradients
+    (float("inf"), [], True, False),
+])
+def test_the_eager_verdict_is_the_graph_verdict(loss, norms, loss_scaled, expected):
+    # Eagerly the verdict is summed on the host (`NonFiniteGuard._host_verdict`).
+    def verdict_of(guard):
+        return guard.verdict(tf.constant(loss), [None if n is None else tf.constant(n)
+                                                 for n in norms], loss_scaled=loss_scaled)
+
+    eager, graph = NonFiniteGuard("raise"), NonFiniteGuard("raise")
+    assert bool(verdict_of(eager)) is expected
+    assert bool(tf.function(lambda: verdict_of(graph), autograph=False)()) is expected
+    assert int(eager.count.value()) == int(graph.count.value()) == (0 if expected else 1)
