@@ -130,6 +130,9 @@ class NonFiniteGuard(tf.Module):
         return finite
 
     def should_continue(self):
+        if tf.executing_eagerly():
+            # The eager loop asks before every step: a read, not an Equal op.
+            return int(self.count.value()) == 0
         return tf.equal(self.count, 0)
 
     @property
