@@ -32,7 +32,6 @@ message names.
 """
 
 import dataclasses
-import math
 import os
 import tempfile
 import time
@@ -119,12 +118,10 @@ class NonFiniteGuard(tf.Module):
         count's cast) were an eager op each a step, and each op's first use
         about 1 ms of a fresh process (`run_eagerly` scripts).
         """
-        total = float(loss)
-        if not loss_scaled:
-            norm_sum = sum(float(n) for n in norms if n is not None)
-            # As float32 sums: a partial sum beyond float32's range is non-finite there.
-            total = total + norm_sum if abs(norm_sum) <= FLOAT32_MAX else math.inf
-        finite = math.isfinite(total) and abs(total) <= FLOAT32_MAX
+        norm_sum = 0.0 if loss_scaled else sum(float(n) for n in norms if n is not None)
+        # As the graph's float32 sums: one beyond float32's range is non-finite
+        # there (and a NaN compares false).
+        finite = abs(norm_sum) <= FLOAT32_MAX and abs(float(loss) + norm_sum) <= FLOAT32_MAX
         if not finite:
             self.count.assign_add(1)
         return finite
