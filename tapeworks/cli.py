@@ -154,7 +154,7 @@ def _explain(args):
 def _cache(args):
     # The cache is plain files: no TensorFlow import needed.
     from tapeworks import xla_cache
-    from tapeworks.engine import plan_cache
+    from tapeworks.engine.plan import plan_cache
 
     cache = plan_cache.PlanCache()
     if args.action == "clear":

@@ -15,7 +15,7 @@ import os
 import keras
 import tensorflow as tf
 
-from tapeworks.engine import replicas
+from tapeworks.engine.step import replicas
 from tapeworks.errors import ConfigError, DataSpecError, PerformanceWarning, warn
 
 logger = logging.getLogger("tapeworks")
@@ -324,7 +324,7 @@ def synchronize_batchnorm(models):
     so the statistics are those of the global batch, as on one device.
     Returns the layers changed.
     """
-    from tapeworks.engine.task import layers_of
+    from tapeworks.engine.step.task import layers_of
 
     changed = []
     for layer in layers_of(list(models), include_self=True):

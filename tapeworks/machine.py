@@ -10,7 +10,7 @@ the CPU's vector and matrix extensions, and whether a GPU is there.
 import dataclasses
 import os
 
-from tapeworks.engine.precision import cpu_flags
+from tapeworks.engine.step.precision import cpu_flags
 
 # The CPU flags that decide TensorFlow's CPU speed, in the order they matter:
 # 256-bit vectors, 512-bit vectors, bfloat16 dot products, AMX matrix tiles.

@@ -4,7 +4,10 @@ Four rules of docs/ARCHITECTURE.md and design/trainer-split.md (sections 5 and 6
 (a) no import cycle among tapeworks' modules, function-level imports included;
 (b) no module reads another tapeworks module's private (`_underscore`) names, tests included;
 (c) no module in `tapeworks/` over 600 lines;
-(d) the engine's import layers: a module imports only from lower layers.
+(d) the engine's import layers: a module imports only from lower layers, and an engine
+    room (a subpackage of tapeworks/engine/) never from a later room;
+(e) the tree as documented: docs/layout.md names every module of tapeworks/, and tests/
+    mirrors the engine's rooms.
 
 Each failure lists every violation as `file:line: what. Fix: ...`.
 """
@@ -20,92 +23,64 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = "tapeworks"
 MAX_LINES = 600
 
-# The import layers of design/trainer-split.md section 5. A module may import only
-# from a lower layer; layer 0 modules may also import each other (rule (a) keeps
-# them free of cycles). Modules listed here that do not exist yet are skipped; an
-# existing `tapeworks.engine` module that is not listed fails until it is placed.
-# A listed package (`tapeworks.data`) stands for all its modules; engine modules
-# are listed one by one.
+# The import layers. A module may import only from a lower layer, or from its
+# own layer where that layer is one of the engine's rooms (SAME_LAYER_IMPORTS;
+# rule (a) keeps a room free of cycles). A listed package (`tapeworks.data`,
+# `tapeworks.engine.step`) stands for all its modules. The engine's rooms
+# (docs/ARCHITECTURE.md, "The engine's rooms") come in order: what one step
+# computes, what watches it, the data, the plan of how to call it, the
+# resumable run; an earlier room never imports a later one. The front
+# (`tapeworks/engine/*.py`) is placed module by module above the rooms: an
+# existing front module that is not listed fails until it is placed, and so
+# does a new room.
 LAYERS = {
-    # Layer 0: the parts, which know nothing of the Trainer. The root package
+    # Layer 0: outside the engine, and knowing nothing of it. The root package
     # imports only xla_cache; its other names load on first use, and
     # `from tapeworks import Trainer` counts as an import of their module.
     "tapeworks": 0,
     "tapeworks.errors": 0,
     "tapeworks.fileio": 0,
     "tapeworks.xla_cache": 0,
-    "tapeworks.distribute": 0,
     "tapeworks.data": 0,
-    "tapeworks.prune": 0,
-    "tapeworks.engine.control_flow": 0,
-    "tapeworks.engine.replicas": 0,
-    "tapeworks.engine.precision": 0,
-    "tapeworks.engine.task": 0,
-    "tapeworks.engine.model_step": 0,
-    "tapeworks.engine.step": 0,
-    "tapeworks.engine.guards": 0,
-    "tapeworks.engine.value_checks": 0,
-    "tapeworks.engine.gradient_health": 0,
-    "tapeworks.engine.monitor": 0,
-    "tapeworks.engine.capture": 0,
-    "tapeworks.engine.nonfinite": 0,
-    "tapeworks.engine.rollback": 0,
-    "tapeworks.engine.iterator_release": 0,
-    "tapeworks.engine.inference_mode": 0,
-    "tapeworks.engine.retracing": 0,
-    "tapeworks.engine.loss_graph": 0,
-    "tapeworks.engine.traced_numbers": 0,
-    "tapeworks.engine.callback_bridge": 0,
-    "tapeworks.engine.progress": 0,
-    "tapeworks.engine.autotune": 0,
-    "tapeworks.engine.plan_terms": 0,
-    "tapeworks.engine.plan_cache": 0,
-    "tapeworks.engine.inputs": 0,
-    "tapeworks.engine.input_planner": 0,
-    "tapeworks.engine.data_position": 0,
-    "tapeworks.engine.epoch_batches": 0,
-    "tapeworks.engine.checkpoint_folder": 0,
-    "tapeworks.engine.run_checkpoint": 0,
-    # Not in the design's list: a Task's loss weightings and penalties, which
-    # import only TensorFlow and tapeworks.errors.
-    "tapeworks.engine.weighting": 0,
-    "tapeworks.engine.penalties": 0,
-    # From the split, beside the design's list: the setup warnings of a fit,
-    # the tf.function wrapper that counts traces, one update of a step, and
-    # the planner's timing statistics.
-    "tapeworks.engine.fit_checks": 0,
-    "tapeworks.engine.traced": 0,
-    # How TensorFlow optimises the compiled functions at their first call.
-    "tapeworks.engine.graph_options": 0,
-    "tapeworks.engine.updater": 0,
-    "tapeworks.engine.call_timing": 0,
-    "tapeworks.engine.recheck": 0,
-    # Layer 1: one checked configuration, the training state, the data in once.
-    "tapeworks.engine.config": 1,
-    "tapeworks.engine.training_state": 1,
-    "tapeworks.engine.data_stage": 1,
-    # Layer 2: compiled functions, and the plan of how to call them.
-    "tapeworks.engine.compiled_steps": 2,
-    "tapeworks.engine.call_plan": 2,
-    # Layer 3: loops over calls, the run that can resume, trial runs.
-    "tapeworks.engine.call_loop": 3,
-    "tapeworks.engine.evaluation": 3,
-    "tapeworks.engine.resume": 3,
-    "tapeworks.engine.measuring": 3,
-    # Layer 4: what explain measures.
-    "tapeworks.engine.explanation": 4,
-    # Layer 5: the public facade.
-    "tapeworks.engine.trainer": 5,
-    # Layer 6: above the Trainer. The engine package re-exports the Trainer
+    # The rooms, in order.
+    "tapeworks.engine.step": 1,
+    "tapeworks.engine.checks": 2,
+    "tapeworks.engine.inputs": 3,
+    "tapeworks.engine.plan": 4,
+    "tapeworks.engine.resume": 5,
+    # Layer 6: what the front uses beside the rooms: tf.distribute's strategies
+    # and the workers' agreement, and pruning (whose masks are a step hook).
+    "tapeworks.distribute": 6,
+    "tapeworks.prune": 6,
+    # The front. Layer 7: one checked configuration, the training state, the
+    # progress line and the callbacks' logs.
+    "tapeworks.engine.config": 7,
+    "tapeworks.engine.training_state": 7,
+    "tapeworks.engine.progress": 7,
+    "tapeworks.engine.callback_bridge": 7,
+    # Layer 8: compiled functions, and the plan of how to call them.
+    "tapeworks.engine.compiled_steps": 8,
+    "tapeworks.engine.call_plan": 8,
+    # Layer 9: loops over calls, one epoch of fit, the test and predict loops.
+    "tapeworks.engine.call_loop": 9,
+    "tapeworks.engine.epoch": 9,
+    "tapeworks.engine.evaluation": 9,
+    # Layer 10: what explain measures.
+    "tapeworks.engine.explanation": 10,
+    # Layer 11: the public facade.
+    "tapeworks.engine.trainer": 11,
+    # Layer 12: above the Trainer. The engine package re-exports the Trainer
     # (lazily, PEP 562); the explain command line builds one.
-    "tapeworks.engine": 6,
-    "tapeworks.explain": 6,
+    "tapeworks.engine": 12,
+    "tapeworks.explain": 12,
     # The command line dispatches to explain's command line: one layer above it.
-    "tapeworks.cli": 7,
+    "tapeworks.cli": 13,
 }
-# Layers whose modules may import each other (section 5: "layer 0 modules also
-# import each other").
-SAME_LAYER_IMPORTS = {0}
+ROOMS = ("tapeworks.engine.step", "tapeworks.engine.checks", "tapeworks.engine.inputs",
+         "tapeworks.engine.plan", "tapeworks.engine.resume")
+# Layers whose modules may import each other: layer 0's, each room's, and
+# layer 6's (a package's modules import each other; distribute and prune do not).
+SAME_LAYER_IMPORTS = {0, 6} | {LAYERS[room] for room in ROOMS}
 
 # (relative path, private name) -> why the reach is unavoidable. Empty by design:
 # give what is needed a public, documented name instead.
@@ -504,8 +479,8 @@ def layer_of(module):
     """The module's layer, or None where LAYERS does not place it."""
     if module in LAYERS:
         return LAYERS[module]
-    if module.startswith("tapeworks.engine."):
-        return None   # engine modules are placed one by one
+    if module.startswith("tapeworks.engine.") and module.count(".") == 2:
+        return None   # front modules and rooms are placed one by one
     while "." in module:
         module = module.rpartition(".")[0]
         # The root and the engine package stand for themselves only.
@@ -516,15 +491,17 @@ def layer_of(module):
 
 def layer_problems(graph=None, existing=None):
     """Every violation of LAYERS in `graph` ({module: {target: [Edge]}}, default tapeworks')
-    and every unplaced engine module among `existing` (default: tapeworks' modules)."""
+    and every unplaced front module or room among `existing` (default: tapeworks' modules)."""
     graph = import_graph() if graph is None else graph
     existing = modules() if existing is None else existing
     problems = []
     for module, source in sorted(existing.items()):
-        if module.startswith("tapeworks.engine.") and module not in LAYERS:
+        if module.startswith("tapeworks.engine.") and layer_of(module) is None:
             problems.append(f"{source.where}: {module} has no layer. Fix: place it in "
-                            "LAYERS in tests/test_structure.py (design/trainer-split.md "
-                            "section 5): the layer of the highest module it imports, plus one.")
+                            "LAYERS in tests/test_structure.py: a module of the front "
+                            "(tapeworks/engine/*.py) at the layer of the highest module it "
+                            "imports, plus one; a new room (a subpackage of the engine) "
+                            "in its place in the rooms' order.")
     for module, targets in sorted(graph.items()):
         layer = layer_of(module)
         if layer is None:
@@ -543,8 +520,9 @@ def layer_problems(graph=None, existing=None):
                                           and layer not in SAME_LAYER_IMPORTS):
                 problems.append(
                     f"{where}: {module} (layer {layer}) imports {target} (layer "
-                    f"{target_layer}). Expected imports from lower layers only. Fix: move "
-                    f"what it needs down below layer {layer}, or have the caller pass it in.")
+                    f"{target_layer}). Expected imports from lower layers only (an "
+                    "engine room from itself and earlier rooms). Fix: move what it needs "
+                    f"down below layer {layer}, or have the caller pass it in.")
     return problems
 
 
@@ -608,15 +586,109 @@ class Own:
 
 
 def test_an_upward_import_and_an_unplaced_engine_module_break_the_layers():
-    step = _made_up("", "tapeworks/engine/step.py")
-    graph = {"tapeworks.engine.step": {"tapeworks.engine.trainer": [Edge(step, 7, "")],
+    step = _made_up("", "tapeworks/engine/step/step.py")
+    graph = {"tapeworks.engine.step.step": {"tapeworks.engine.trainer": [Edge(step, 7, "")],
                                        "tapeworks.errors": [Edge(step, 3, "")]},
-             "tapeworks.data.made_up": {"tapeworks.engine.task": [Edge(step, 2, "")]}}
+             "tapeworks.data.made_up": {"tapeworks.engine.step.task": [Edge(step, 2, "")]}}
     unplaced = {"tapeworks.engine.made_up": _made_up("", "tapeworks/engine/made_up.py")}
     problems = layer_problems(graph, unplaced)
-    assert len(problems) == 2, problems
+    assert len(problems) == 3, problems
     assert problems[0].startswith("tapeworks/engine/made_up.py: tapeworks.engine.made_up has "
                                   "no layer")
-    assert problems[1].startswith("tapeworks/engine/step.py:7: tapeworks.engine.step (layer 0)"
-                                  " imports tapeworks.engine.trainer (layer 5)")
+    assert problems[1].startswith("tapeworks/engine/step/step.py:2: tapeworks.data.made_up "
+                                  "(layer 0) imports tapeworks.engine.step.task (layer 1)")
+    assert problems[2].startswith("tapeworks/engine/step/step.py:7: tapeworks.engine.step.step "
+                                  "(layer 1) imports tapeworks.engine.trainer (layer 11)")
     assert layer_of("tapeworks.data.pipeline") == 0 and layer_of("tapeworks.bench.x") is None
+    assert layer_of("tapeworks.engine.checks.made_up") == 2
+
+
+def test_a_room_importing_a_later_room_breaks_the_layers():
+    step = _made_up("", "tapeworks/engine/step/task.py")
+    graph = {"tapeworks.engine.step.task": {
+        "tapeworks.engine.inputs.adapters": [Edge(step, 4, "")],
+        "tapeworks.engine.step.guards": [Edge(step, 5, "")]}}
+    problems = layer_problems(graph, {})
+    assert len(problems) == 1 and problems[0].startswith(
+        "tapeworks/engine/step/task.py:4: tapeworks.engine.step.task (layer 1) imports "
+        "tapeworks.engine.inputs.adapters (layer 3)"), problems
+
+
+# ---------------------------------------------------------------------------
+# (e) The tree as documented
+
+
+# Folders that are catalogues, one item a module (a held-out bug script each): the
+# page names the folder; `tapeworks bench bugs` lists its items.
+CATALOGUES = ("bench/classic_bugs/",)
+
+
+def modules_missing_from_layout(text, sources_=None):
+    """Relative paths (`engine/step/task.py`) of tapeworks' modules the page does not name.
+
+    A module counts as named when its path relative to tapeworks/ appears, or its
+    file name appears in the row or line of its folder (`engine/step/` ... `task.py`).
+    """
+    sources_ = sources(PACKAGE) if sources_ is None else sources_
+    lines = text.splitlines()
+    missing = []
+    for source in sources_:
+        if source.is_package:
+            continue
+        relative = source.path.relative_to(ROOT / PACKAGE).as_posix()
+        folder, _, name = relative.rpartition("/")
+        if relative in text or (relative.startswith(CATALOGUES) and
+                                relative.split("/")[-2] + "/" in text):
+            continue
+        if not folder:
+            # A top-level module: its name at the start of a line of the tree.
+            if any(line.strip().startswith(name) for line in lines):
+                continue
+        else:
+            # Its folder's entry (a table row or a tree line and its continuation lines).
+            head = folder.split("/")[-1] + "/"
+            block, inside = [], False
+            for line in lines:
+                starts = line.strip().startswith((f"{head}", f"| `{PACKAGE}/{folder}/`",
+                                                  f"| `{folder}/`"))
+                if starts:
+                    inside = True
+                elif inside and (line.startswith("| ") or (line.strip() and
+                                 not line.startswith(" " * 12))):
+                    inside = False
+                if inside:
+                    block.append(line)
+            if name in "\n".join(block) or f"`{name}`" in "\n".join(block):
+                continue
+        missing.append(relative)
+    return missing
+
+
+def test_every_module_is_named_in_the_layout_page():
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    missing = modules_missing_from_layout(text)
+    assert not missing, (
+        f"{len(missing)} module(s) of tapeworks/ not named in docs/layout.md. Expected every "
+        "module there, in its folder's row or line. Fix: add each, with what it does:\n"
+        + "\n".join(missing))
+
+
+def test_the_layout_check_finds_a_missing_module():
+    made_up = [_made_up("", "tapeworks/engine/step/task.py"),
+               _made_up("", "tapeworks/engine/checks/made_up.py"),
+               _made_up("", "tapeworks/cli.py"), _made_up("", "tapeworks/lint/rules.py")]
+    text = ("| `engine/step/` | the step | `task.py` (Task) |\n"
+            "| `engine/checks/` | watches | `nonfinite.py` |\n"
+            "  lint/       rules.py, checker.py\n  cli.py      the command\n")
+    assert modules_missing_from_layout(text, made_up) == ["engine/checks/made_up.py"]
+
+
+def test_tests_mirror_the_engine_rooms():
+    rooms = sorted(p.name for p in (ROOT / PACKAGE / "engine").iterdir()
+                   if (p / "__init__.py").exists())
+    missing = [room for room in rooms
+               if not (ROOT / "tests" / "engine" / room / "__init__.py").exists()]
+    assert not missing, (
+        f"tapeworks/engine/ has rooms with no tests/engine/<room>/ package: {missing}. Expected "
+        "the tests to mirror the package. Fix: create tests/engine/<room>/__init__.py and move "
+        "the room's tests there.")

@@ -42,8 +42,8 @@ def _settings(model):
 def _routable(model):
     # Models with a custom train_step/test_step/compute_loss, or not compiled,
     # keep Keras' loop here: the guide's figures were measured so. tapeworks
-    # runs a model's own steps since (engine/model_step.py), tested against
-    # model.fit in tests/engine/test_model_step.py, not yet through these tests.
+    # runs a model's own steps since (engine/step/model_step.py), tested against
+    # model.fit in tests/engine/step/test_model_step.py, not yet through these tests.
     cls = type(model)
     return (getattr(model, "compiled", False) and model.loss is not None
             and cls.train_step is keras.Model.train_step

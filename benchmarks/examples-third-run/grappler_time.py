@@ -19,7 +19,7 @@ FIT = r'''
 import sys, numpy as np
 import tapeworks
 from tapeworks import Trainer
-from tapeworks.engine import graph_options
+from tapeworks.engine.plan import graph_options
 import keras
 keras.utils.set_random_seed(0)
 x = np.random.rand(512, 32, 32, 3).astype("float32"); y = np.random.randint(0, 10, 512)

@@ -18,7 +18,7 @@ import numpy as np
 
 import tapeworks  # noqa: F401  (before TensorFlow, as a user imports it)
 from tapeworks import Trainer
-from tapeworks.engine import graph_options
+from tapeworks.engine.plan import graph_options
 
 import keras  # noqa: E402
 

@@ -1,5 +1,5 @@
 import keras, numpy as np, tapeworks
-from tapeworks.engine import plan_cache
+from tapeworks.engine.plan import plan_cache
 keras.utils.set_random_seed(0)
 m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(3)])
 t = tapeworks.Trainer(m, "adam", "mse", plan_cache=False, accumulate=2, clip_norm=1.0)

@@ -32,7 +32,7 @@ DEFAULT_SHUFFLE_BUFFER = 10_000
 # same shuffle state (`with_options` copies share it), so each yields the same
 # elements in the same order; only the speed differs. Which is fastest depends
 # on the machine and on what else runs on its cores: the Trainer measures
-# them on epochs that train anyway (`tapeworks.engine.input_planner`).
+# them on epochs that train anyway (`tapeworks.engine.inputs.input_planner`).
 PARALLELISM = (
     ("tf.data autotune", {}),
     # The model off: AUTOTUNE stages run at tf.data's fixed default

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from tapeworks.demo.budget import TimeBudget
 from tapeworks.engine import Trainer
-from tapeworks.engine.task import Task
-from tapeworks.engine.weighting import StaticWeights
+from tapeworks.engine.step.task import Task
+from tapeworks.engine.step.weighting import StaticWeights
 
 SCALE = 2
 TRAIN_IMAGES = (

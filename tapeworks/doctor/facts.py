@@ -179,7 +179,7 @@ def gather_tensorflow(facts):
 
 def gather(run=run_tool, with_tensorflow=True):
     """All the facts of this machine."""
-    from tapeworks.engine.precision import cpu_flags
+    from tapeworks.engine.step.precision import cpu_flags
 
     facts = Facts(python=platform.python_version())
     facts.packages = installed_packages()

@@ -7,7 +7,7 @@ that need no TensorFlow (`plan_cache`, `autotune`) can be imported alone, so
 
 import importlib
 
-_EXPORTS = {"StepHooks": "tapeworks.engine.updater", "Trainer": "tapeworks.engine.trainer"}
+_EXPORTS = {"StepHooks": "tapeworks.engine.step.updater", "Trainer": "tapeworks.engine.trainer"}
 
 __all__ = ["StepHooks", "Trainer"]
 

@@ -14,12 +14,14 @@ import time
 import tensorflow as tf
 
 from tapeworks.data import sources
-from tapeworks.engine import autotune, callback_bridge, config as config_lib, guards
-from tapeworks.engine import capture as capture_lib
-from tapeworks.engine import gradient_health
-from tapeworks.engine import monitor as monitor_lib
-from tapeworks.engine import nonfinite as nonfinite_lib
-from tapeworks.engine import value_checks
+from tapeworks.engine import callback_bridge, config as config_lib
+from tapeworks.engine.plan import autotune
+from tapeworks.engine.step import guards
+from tapeworks.engine.step import capture as capture_lib
+from tapeworks.engine.checks import gradient_health
+from tapeworks.engine.checks import monitor as monitor_lib
+from tapeworks.engine.checks import nonfinite as nonfinite_lib
+from tapeworks.engine.checks import value_checks
 from tapeworks.errors import DataSpecError
 
 logger = logging.getLogger("tapeworks")

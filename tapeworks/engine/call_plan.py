@@ -8,8 +8,10 @@ the choice for later runs.
 
 import logging
 
-from tapeworks.engine import autotune, config as config_lib, replicas
-from tapeworks.engine import plan_cache as plan_cache_lib
+from tapeworks.engine import config as config_lib
+from tapeworks.engine.plan import autotune
+from tapeworks.engine.plan import plan_cache as plan_cache_lib
+from tapeworks.engine.step import replicas
 
 logger = logging.getLogger("tapeworks")
 

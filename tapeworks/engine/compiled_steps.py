@@ -12,10 +12,11 @@ import typing
 
 import tensorflow as tf
 
-from tapeworks.engine import (control_flow, graph_options, inference_mode, model_step, replicas,
-                              step, updater)
-from tapeworks.engine.traced import Traced
-from tapeworks.engine.traced_numbers import TracedNumbers
+from tapeworks.engine.step import control_flow, model_step, replicas, step, updater
+from tapeworks.engine.plan import graph_options
+from tapeworks.engine.checks import inference_mode
+from tapeworks.engine.step.traced import Traced
+from tapeworks.engine.checks.traced_numbers import TracedNumbers
 
 
 class StepKey(typing.NamedTuple):
@@ -51,6 +52,7 @@ class CompiledSteps:
     def keys(self):
         """The `StepKey`s of every function built so far."""
         return list(self._functions)
+
 
     def _cached(self, key, build):
         if key not in self._functions:
@@ -183,7 +185,7 @@ class CompiledSteps:
         (`jit_compile="update"`'s). It paid on a CPU while the checks read
         each gradient's sum of squares inside XLA (unvectorised there: a
         third of the large bench MLP's step); since they read it less
-        dearly inside XLA (`gradient_health.gradient_sentinels`: the largest
+        dearly inside XLA (`sentinels.gradient_sentinels`: the largest
         magnitude, now one direct read) the whole step costs less, so it is off unless `Trainer(split_xla_step_bytes=)` asks for it
         (see `step.SPLIT_MIN_GRADIENT_BYTES`). Only when some check reads the
         gradients, on one device, and never on a GPU.

@@ -10,10 +10,11 @@ import re
 
 import keras
 
-from tapeworks.engine import model_step, nonfinite
-from tapeworks.engine import precision as precision_lib
-from tapeworks.engine import step
-from tapeworks.engine import task as task_lib
+from tapeworks.engine.step import model_step
+from tapeworks.engine.checks import nonfinite
+from tapeworks.engine.step import precision as precision_lib
+from tapeworks.engine.step import step
+from tapeworks.engine.step import task as task_lib
 from tapeworks.errors import ConfigError
 
 

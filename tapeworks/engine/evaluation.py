@@ -11,8 +11,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tapeworks.engine import callback_bridge, guards, inputs, iterator_release
-from tapeworks.engine import task as task_lib
+from tapeworks.engine import callback_bridge
+from tapeworks.engine.step import guards
+from tapeworks.engine.inputs import adapters, iterator_release
+from tapeworks.engine.step import task as task_lib
 from tapeworks.engine.progress import resolve_verbose
 from tapeworks.errors import ConfigError, DataSpecError
 
@@ -53,7 +55,7 @@ class EvaluateAndPredict:
 
     def _evaluate(self, prepared, callback_list):
         mode = self.compiled.inference_mode(self.jit_compile)
-        batches = inputs.cardinality(prepared.dataset)
+        batches = adapters.cardinality(prepared.dataset)
         if (batches is not None and batches <= FEW_BATCHES and not self.config.run_eagerly
                 and not self.compiled.replicated):
             return evaluate(prepared, callback_list, self.compiled.test_call(mode),

@@ -34,8 +34,11 @@ import tensorflow as tf
 
 from tapeworks.data import diagnose as diagnose_lib
 from tapeworks.data import pipeline_check
-from tapeworks.engine import autotune, config as config_lib, guards, loss_graph, retracing
-from tapeworks.engine import precision as precision_lib
+from tapeworks.engine import config as config_lib
+from tapeworks.engine.plan import autotune
+from tapeworks.engine.step import guards
+from tapeworks.engine.checks import loss_graph, retracing
+from tapeworks.engine.step import precision as precision_lib
 from tapeworks.errors import ConfigError
 
 # Changes whose estimated effect is smaller than this are "tried, no gain".

@@ -18,17 +18,21 @@ import logging
 import keras
 
 from tapeworks import distribute as distribute_lib
-from tapeworks.engine import data_stage as data_stage_lib, explanation
 from tapeworks.engine import config as config_lib
-from tapeworks.engine import evaluation, fit_checks, loss_graph, measuring, model_step, replicas
-from tapeworks.engine import resume as resume_lib
-from tapeworks.engine import retracing, rollback as rollback_lib, updater
-from tapeworks.engine import task as task_lib
+from tapeworks.engine import evaluation, explanation
 from tapeworks.engine.call_loop import CallLoop
 from tapeworks.engine.call_plan import CallPlan
 from tapeworks.engine.callback_bridge import EpochEndLine
+from tapeworks.engine.checks import fit_checks, loss_graph, retracing
+from tapeworks.engine.checks import rollback as rollback_lib
 from tapeworks.engine.compiled_steps import CompiledSteps
-from tapeworks.engine.progress import EpochProgress, resolve_verbose
+from tapeworks.engine.epoch import FitEpochs
+from tapeworks.engine.inputs import data_stage as data_stage_lib
+from tapeworks.engine.plan import measuring
+from tapeworks.engine.progress import resolve_verbose
+from tapeworks.engine.resume import resume as resume_lib
+from tapeworks.engine.step import model_step, replicas, updater
+from tapeworks.engine.step import task as task_lib
 from tapeworks.engine.training_state import TrainingState
 
 
@@ -473,55 +477,13 @@ class Trainer(evaluation.EvaluateAndPredict):
                 initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
                 batches = data.batches(steps_per_epoch, self.replication.iterate, point,
                                        run.iterator_reader(point))
-                training_logs = None
-                for epoch in range(initial_epoch, epochs):
-                    resuming = (point is not None and epoch == point.epoch
-                                and point.steps_in_epoch > 0)
-                    if not resuming:
-                        state.reset_metrics()   # a resumed epoch keeps its restored metrics
-                    state.counters.epoch.assign(epoch)
-                    train.on_epoch_begin()
-                    callback_list.on_epoch_begin(epoch)
-                    progress = EpochProgress(epoch, epochs, steps_known, verbose)
-                    data.start_epoch(epochs - epoch, not plan.planner.tuning, self.traces)
-                    result = calls.run_epoch(
-                        batches, callback_list, progress, epoch, run,
-                        later_epochs=epochs - epoch - 1, known_steps=steps_known,
-                        start=((point.steps_in_epoch, point.samples_in_epoch)
-                               if resuming else (0, 0)))
-                    data.end_epoch(result.samples, not plan.planner.tuning, self.traces)
-                    train.on_epoch_end()
-                    self.compiled.close_partial_windows(self.jit_compile or False)
-                    self._lr_watch.after_epoch(epochs - epoch - 1)
-                    if steps_known is None and steps_per_epoch is None:
-                        steps_known = result.steps
-                    if steps_known:
-                        plan.planner.limit_steps(max(1, steps_known // 2))
-                    epoch_logs = dict(result.logs)
-                    epoch_logs.update(calls.monitor.report.logs())
-                    if self.pruning is not None:
-                        epoch_logs.update(self.pruning.sparsity())
-                    if self.config.diagnose_input and epoch == initial_epoch:
-                        self._report_input(train.dataset, verbose)
-                    # As in Keras: validated even when a callback stopped training
-                    # during the epoch, so History and CSVLogger rows keep their val_*.
-                    if data.validation is not None and data_stage_lib.should_validate(
-                            epoch, validation_freq):
-                        val_logs = self._evaluate(data.validation, callback_list)
-                        epoch_logs.update({"val_" + k: v for k, v in val_logs.items()})
-                    # The epoch's last line is written by `end_line`, after the other
-                    # callbacks, so what they add (ReduceLROnPlateau's learning_rate) shows.
-                    end_line.progress, end_line.steps, end_line.samples = (
-                        progress, result.steps, result.samples)
-                    callback_list.on_epoch_end(epoch, epoch_logs)
-                    self.compiled.traced_numbers.after_epoch()   # what callbacks changed
-                    plan.announce_once(verbose)
-                    data.announce_input_choice_once(verbose)
-                    training_logs = epoch_logs
-                    run.after_epoch(calls.host_step, batches, epoch, epochs,
-                                    self.model.stop_training, epoch_logs)
-                    if self.model.stop_training:
-                        break
+                training_logs = FitEpochs(
+                    self.model, state, plan, self.compiled, calls, data, callback_list,
+                    end_line, run, batches, point, epochs, verbose, steps_per_epoch,
+                    validation_freq, steps_known, self._lr_watch, self.pruning,
+                    validate=self._evaluate,
+                    report_input=self._report_input if self.config.diagnose_input else None,
+                ).run(initial_epoch)
                 if epochs > initial_epoch:
                     state.finalize()
                 run.finish(calls.host_step, batches, max(epochs, initial_epoch))

@@ -23,11 +23,12 @@ import tensorflow as tf
 from keras.src.backend.common import symbolic_scope
 
 from tapeworks import distribute as distribute_lib
-from tapeworks.engine import capture as capture_lib
-from tapeworks.engine import gradient_health, guards, replicas, step, updater
-from tapeworks.engine import monitor as monitor_lib
-from tapeworks.engine import nonfinite as nonfinite_lib
-from tapeworks.engine import task as task_lib
+from tapeworks.engine.step import capture as capture_lib
+from tapeworks.engine.checks import gradient_health
+from tapeworks.engine.step import guards, replicas, step, updater
+from tapeworks.engine.checks import monitor as monitor_lib
+from tapeworks.engine.checks import nonfinite as nonfinite_lib
+from tapeworks.engine.step import task as task_lib
 from tapeworks.errors import ConfigError
 
 

@@ -26,8 +26,8 @@ weight and advance no counter.
 import keras
 import tensorflow as tf
 
-from tapeworks.engine.gradient_health import Untracked
-from tapeworks.engine.updater import StepHooks
+from tapeworks.engine.checks.gradient_health import Untracked
+from tapeworks.engine.step.updater import StepHooks
 from tapeworks.errors import ConfigError
 from tapeworks.prune.schedule import ConstantSparsity, PolynomialDecay, Schedule
 
@@ -141,7 +141,7 @@ class Pruning(tf.Module, StepHooks):
         """
         if self.built:
             return
-        from tapeworks.engine.task import layers_of
+        from tapeworks.engine.step.task import layers_of
 
         candidates = [layer for layer in layers_of(models) if kernel_of(layer) is not None]
         chosen = self._select(candidates, layers_of(models), trained)

@@ -94,9 +94,9 @@ def test_without_autotuning_turns_the_model_off_and_keeps_the_elements():
 
 
 def test_arrays_given_to_fit_are_sliced_without_the_autotuning_model():
-    from tapeworks.engine import inputs
+    from tapeworks.engine.inputs import adapters
 
     x = np.arange(12, dtype="float32").reshape(6, 2)
-    dataset = inputs.prepare(x, x[:, :1], batch_size=4, shuffle=False).dataset
+    dataset = adapters.prepare(x, x[:, :1], batch_size=4, shuffle=False).dataset
     assert dataset.options().autotune.enabled is False
     assert [b[0].shape[0] for b in dataset] == [4, 2]

@@ -5,7 +5,7 @@ import re
 
 from tapeworks import errors
 from tapeworks.deploy.graph_ops import UnsafeGraphError
-from tapeworks.engine.checkpoint_folder import CheckpointError
+from tapeworks.engine.resume.checkpoint_folder import CheckpointError
 
 PAGE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", f"{errors.ERRORS_PAGE}.md")
 

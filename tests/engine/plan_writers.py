@@ -5,7 +5,7 @@ target. This one imports no TensorFlow, so they start at once instead of
 after about 10 s of imports each.
 """
 
-from tapeworks.engine.plan_cache import PlanCache
+from tapeworks.engine.plan.plan_cache import PlanCache
 
 
 def write_many(folder, worker):

@@ -55,7 +55,7 @@ def test_an_xla_step_on_a_cpu_splits_only_for_large_gradients_a_check_reads():
     # The checks' gradient norms run in TensorFlow between the XLA gradients
     # and the XLA update when the gradients are large; with no check reading
     # them, or small ones, the step stays whole.
-    from tapeworks.engine import step
+    from tapeworks.engine.step import step
 
     x, y = models.regression_data(n=24)
     checked = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=True,

@@ -291,10 +291,10 @@ def _xla_step_rows(size, dataset, fit_args, samples, repeats, settle_seconds, st
 
 def _gradient_read(name, size, steps, samples, xla):
     """The bound's approach: the checks' reductions alone, `steps` times, on tensors of
-    the gradients' shapes (`gradient_health.gradient_sentinels`, as the checks compute them)."""
+    the gradients' shapes (`sentinels.gradient_sentinels`, as the checks compute them)."""
     import tensorflow as tf
 
-    from tapeworks.engine.gradient_health import gradient_sentinels
+    from tapeworks.engine.step.sentinels import gradient_sentinels
 
     shapes = [s for a, b in zip(size.widths, size.widths[1:]) for s in ((a, b), (b,))]
     gradients = [tf.Variable(tf.random.normal(shape), trainable=False) for shape in shapes]

@@ -21,7 +21,7 @@ from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.memory import PeakSampler, rss_bytes
 from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
-from tapeworks.engine.task import Task
+from tapeworks.engine.step.task import Task
 
 DESCRIPTION = ("GAN step: predict + train_on_batch vs hand-written (tf.function, XLA) vs "
                "tapeworks; perceptual loss with a frozen vs trainable critic")
