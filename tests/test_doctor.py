@@ -124,6 +124,40 @@ def test_cpu_features_and_bfloat16():
     assert checks.check_cpu(h200_facts(cpu_flags={"sse4_2"})).status == checks.FAIL
 
 
+def test_onednn_verbose_output_is_parsed():
+    text = (FIXTURES.parent / "onednn" / "amd-epyc-avx512-bf16.txt").read_text()
+    assert facts.parse_onednn_verbose(text) == {
+        "version": "3.7.3", "isa": "Intel AVX-512 with Intel DL Boost and bfloat16 support",
+        "bf16_matmul": "brg_matmul:avx512_core_bf16"}
+    assert facts.parse_onednn_verbose("unrelated\nonednn_verbose,v1,info,cpu,nthr:1") == {}
+
+
+@pytest.mark.parametrize("flags, kernel, status, says", [
+    ({"avx", "avx2", "avx512f", "avx512_bf16"}, "brg_matmul:avx512_core_bf16", checks.PASS,
+     "(AVX512_BF16 instructions)"),
+    ({"avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"},
+     "brg_matmul:avx512_core_amx", checks.PASS, "(AMX tiles)"),
+    # The CPU has AMX, but oneDNN does not run on it (an old kernel, a capped ISA).
+    ({"avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"},
+     "brg_matmul:avx512_core_bf16", checks.WARN, "not on the CPU's AMX tiles"),
+    ({"avx", "avx2"}, "brg_matmul:avx2", checks.PASS, "converted to float32"),
+])
+def test_the_cpu_check_names_onednns_bfloat16_kernel(flags, kernel, status, says):
+    check = checks.check_cpu(h200_facts(cpu_flags=flags,
+                                        onednn={"version": "3.7.3", "bf16_matmul": kernel}))
+    assert check.status == status and says in check.found and kernel in check.found
+    if status == checks.WARN:
+        assert "ONEDNN_MAX_CPU_ISA" in check.fix
+
+
+@pytest.mark.slow
+def test_the_onednn_probe_runs_a_real_process():
+    found = facts.Facts()
+    facts.gather_onednn(found)
+    # TensorFlow's CPU wheels use oneDNN for matmuls: its version at least.
+    assert "version" in found.onednn, found.notes
+
+
 # A fake nvidia-smi on PATH: a real process --------------------------------------
 
 def fake_tool(folder, body):

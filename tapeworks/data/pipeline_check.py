@@ -249,6 +249,21 @@ def source_arrays(graph):
     return arrays
 
 
+def batch_size(graph):
+    """The batch size an in-memory pipeline's one `.batch()` asks for, or None.
+
+    Read from the batch node's constant input, so a last partial batch (no
+    `drop_remainder`), which leaves the static batch dimension unknown,
+    does not hide it.
+    """
+    nodes = {n.name: n for n in graph.node}
+    batches = [node for node in pipeline_chain(graph) if node.op in BATCHES]
+    if len(batches) != 1 or len(batches[0].input) < 2:
+        return None
+    size = _const_int(nodes.get(_input_name(batches[0].input[1])))
+    return size if size and size > 0 else None
+
+
 def _const_array(tensor, dtype):
     """A constant's value; a read-only view of its bytes where it has them (no copy to parse)."""
     content = tensor.tensor_content   # each read of the field copies its bytes

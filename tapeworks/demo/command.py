@@ -84,8 +84,8 @@ def main(args):
                  f"steps_per_call={tuning['steps_per_call']} ({tuning['reason']})")
     print(f"Trained {result['steps']} steps ({result['epochs']:.2f} epochs) in "
           f"{result['train_seconds']:.1f} s ({result['total_seconds']:.1f} s in all, "
-          f"{seconds_since_start():.0f} s since the command started); precision float32; "
-          f"{chose}.")
+          f"{seconds_since_start():.0f} s since the command started); precision "
+          f"{result['precision']} ({result['precision_reason']}); {chose}.")
     print(f"Wrote {result['png']} and TensorBoard logs in {result['logs']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -293,5 +293,6 @@ def run(out_dir="tapeworks-demo", quick=False, verbose="auto", config=None,
         train_seconds=train_seconds,
         total_seconds=time.perf_counter() - start,
         png=png, logs=logs, tuning=trainer.tuning,
+        precision=trainer.precision.policy, precision_reason=trainer.precision.reason,
     )
     return result

@@ -79,7 +79,7 @@ def diagnose(facts, quick=False, smoke_checks=True, import_seconds=None, import_
 
 def run(quick=False, import_seconds=None, import_error=None):
     """Gathers this machine's facts and checks them."""
-    facts = facts_lib.gather(with_tensorflow=import_error is None)
+    facts = facts_lib.gather(with_tensorflow=import_error is None, probe_onednn=not quick)
     return diagnose(facts, quick=quick, import_seconds=import_seconds,
                     import_error=import_error)
 

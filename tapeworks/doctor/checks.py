@@ -252,12 +252,25 @@ def check_cpu(facts):
     if "avx" not in flags:
         return Check("cpu", "CPU features", FAIL, "no AVX: TensorFlow's pip wheels need it",
                      "Use a machine with AVX, or a TensorFlow built without it.")
-    meaning = ("native bfloat16 (" + ", ".join(native) + "): precision=\"auto\" uses "
-               "mixed_bfloat16 on this CPU") if native else (
+    meaning = ("native bfloat16 (" + ", ".join(native) + "): precision=\"auto\" measures "
+               "float32 against mixed_bfloat16 at the first long fit and keeps the faster, "
+               "where the losses agree") if native else (
         "no native bfloat16: precision=\"auto\" stays float32 on this CPU (bfloat16 would be "
         "emulated, slower than float32)")
-    return Check("cpu", "CPU features", PASS,
-                 f"{', '.join(listed) or 'none of avx2/avx512f/avx512_bf16/amx'}; {meaning}")
+    found = f"{', '.join(listed) or 'none of avx2/avx512f/avx512_bf16/amx'}; {meaning}"
+    kernel = facts.onednn.get("bf16_matmul")
+    if kernel is None:
+        return Check("cpu", "CPU features", PASS, found)
+    found += f"; oneDNN {facts.onednn.get('version', '?')} runs bfloat16 matmuls with {kernel}"
+    if "amx_bf16" in flags and "amx" not in kernel:
+        return Check("cpu", "CPU features", WARN, found + ", not on the CPU's AMX tiles",
+                     "A process may use AMX only where Linux (5.16 or later) grants it and a "
+                     "hypervisor exposes its state; check `uname -r`, and that "
+                     "ONEDNN_MAX_CPU_ISA is unset (or AVX512_CORE_AMX).")
+    return Check("cpu", "CPU features", PASS, found + (
+        " (AMX tiles)" if "amx" in kernel else
+        " (AVX512_BF16 instructions)" if "bf16" in kernel else
+        " (no bfloat16 instructions: converted to float32)"))
 
 
 def check_memory_mode(facts):

@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from importlib import metadata
 
 NVIDIA_SMI_QUERY = ("--query-gpu=name,driver_version,compute_cap,memory.total,memory.used"
@@ -39,6 +40,9 @@ class Facts:
     driver_cuda: str = None        # the highest CUDA the driver supports ("13.0")
     libraries: dict = dataclasses.field(default_factory=dict)  # "libcudart" -> {"13"}
     cpu_flags: set = dataclasses.field(default_factory=set)
+    # oneDNN, as TensorFlow runs it (`parse_onednn_verbose`): version, ISA, and the
+    # kernel of a bfloat16 matmul ("brg_matmul:avx512_core_amx" on AMX tiles).
+    onednn: dict = dataclasses.field(default_factory=dict)
     environment: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)      # why a fact is missing
 
@@ -102,6 +106,45 @@ def pip_libraries(packages):
                 major = version.split(".")[0] if library == "libcudnn" else match.group(1)
                 found.setdefault(library, set()).add(major)
     return found
+
+
+def parse_onednn_verbose(text):
+    """{"version", "isa", "bf16_matmul"} from oneDNN's ONEDNN_VERBOSE=1 lines (absent: left out).
+
+    oneDNN prints `onednn_verbose,v1,info,oneDNN v3.7.3 ...`, `...,info,cpu,isa:<the
+    ISA it dispatches for>` and, per primitive run, `...,primitive,exec,cpu,matmul,
+    <implementation>,...,src:bf16...`: the implementation names the kernel
+    (`brg_matmul:avx512_core_bf16` with AVX512_BF16 instructions,
+    `brg_matmul:avx512_core_amx` on AMX tiles).
+    """
+    found = {}
+    for line in text.splitlines():
+        parts = line.strip().split(",")
+        if not parts or parts[0] != "onednn_verbose":
+            continue
+        body = parts[2:] if len(parts) > 1 and parts[1].startswith("v") else parts[1:]
+        if body[:1] == ["info"]:
+            version = re.search(r"oneDNN v([\d.]+)", line)
+            if version:
+                found.setdefault("version", version.group(1))
+            if len(body) > 2 and body[1] == "cpu" and body[2].startswith("isa:"):
+                found.setdefault("isa", ",".join(body[2:])[len("isa:"):].strip())
+        elif body[:4] == ["primitive", "exec", "cpu", "matmul"] and len(body) > 5 \
+                and "src:bf16" in ",".join(body[5:]):
+            found.setdefault("bf16_matmul", body[4])
+    return found
+
+
+# What a fresh process prints with ONEDNN_VERBOSE=1 for one bfloat16 matmul: oneDNN
+# reads the variable once, at its first use, so the probe is a process of its own.
+ONEDNN_PROBE = """\
+import os
+os.environ["ONEDNN_VERBOSE"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+a = tf.ones((64, 64), tf.bfloat16)
+tf.matmul(a, a).numpy()
+"""
 
 
 # Gathering ----------------------------------------------------------------------
@@ -177,8 +220,23 @@ def gather_tensorflow(facts):
             pass
 
 
-def gather(run=run_tool, with_tensorflow=True):
-    """All the facts of this machine."""
+def gather_onednn(facts, run=run_tool):
+    out, why = run([sys.executable, "-c", ONEDNN_PROBE], timeout=120)
+    if out is None:
+        facts.notes.append(f"oneDNN's kernels unknown: {why}")
+        return
+    facts.onednn = parse_onednn_verbose(out)
+    if not facts.onednn:
+        facts.notes.append("oneDNN printed nothing with ONEDNN_VERBOSE=1 (TensorFlow built "
+                           "without oneDNN, or TF_ENABLE_ONEDNN_OPTS=0)")
+
+
+def gather(run=run_tool, with_tensorflow=True, probe_onednn=True):
+    """All the facts of this machine.
+
+    `probe_onednn`: start a process that runs one bfloat16 matmul under
+    ONEDNN_VERBOSE (about a TensorFlow import's time) to read oneDNN's kernel.
+    """
     from tapeworks.engine.step.precision import cpu_flags
 
     facts = Facts(python=platform.python_version())
@@ -191,4 +249,6 @@ def gather(run=run_tool, with_tensorflow=True):
     gather_libraries(facts, run)
     if with_tensorflow:
         gather_tensorflow(facts)
+        if probe_onednn:
+            gather_onednn(facts, run)
     return facts

@@ -7,9 +7,10 @@ the choice for later runs.
 """
 
 import logging
+import types
 
 from tapeworks.engine import config as config_lib
-from tapeworks.engine.plan import autotune
+from tapeworks.engine.plan import autotune, precision_trial
 from tapeworks.engine.plan import plan_cache as plan_cache_lib
 from tapeworks.engine.step import replicas
 
@@ -87,6 +88,51 @@ class CallPlan:
                 f"from the plan cache ({plan['reason']})"), memory=plan.get("memory"))
             self.reason = plan["reason"]
 
+    # Precision "auto" (`plan/precision_trial.py`) ------------------------------
+
+    def stored_precision(self, element_spec, batch_size, candidates):
+        """(key, the `PrecisionChoice` a previous run stored, or None); key None without a cache."""
+        if self.cache is None or not batch_size:
+            return None, None
+        key, _ = plan_cache_lib.fingerprint(
+            self.config, self.task, types.SimpleNamespace(policy="auto"), element_spec,
+            batch_size)
+        return key, precision_trial.PrecisionChoice.from_report(
+            self.cache.get_record("precision", key), candidates)
+
+    def choose_precision(self, train, fit_steps, open_trial, compiled, verbose):
+        """precision="auto" on a CPU with native bfloat16: float32 or mixed bfloat16, measured.
+
+        `train`: the fit's `PreparedData`; `fit_steps`: the steps this fit
+        trains, or None where unknown; `open_trial()`: a `measuring.TrialRun`.
+        A fit that cannot measure (too short; data that cannot be drawn again)
+        trains in float32 and leaves the choice to a later fit; a measured
+        choice is kept for the trainer's life, and stored in the plan cache.
+        """
+        precision = self.precision
+        key, choice = self.stored_precision(compiled.state.element_spec, train.batch_size,
+                                            precision.candidates)
+        if choice is None:
+            why = precision_trial.why_not_measured(
+                train, fit_steps, self.config.run_eagerly,
+                steps_before=int(compiled.state.counters.step.value()))
+            if why is None and replicas.is_replicated(self.strategy):
+                why = "several replicas: not measured"
+            if why is not None:
+                if why != precision.reason:
+                    precision.reason = why
+                    _announce(f"precision=float32 ({why})", verbose)
+                return
+            with open_trial() as trial:
+                choice = precision_trial.measure(trial, train, precision)
+            if self.cache is not None and key is not None:
+                self.cache.put_record("precision", key, choice.report())
+        precision.decide(choice)
+        for policy in precision.candidates:
+            if policy != choice.policy:
+                compiled.forget_precision(policy)
+        _announce(f"precision={choice.policy} ({choice.reason})", verbose)
+
     def announce_once(self, verbose):
         """Says what "auto" chose, once per choice (printed at verbose >= 1, logged); stores it."""
         choice = self.planner.choice
@@ -139,6 +185,13 @@ class CallPlan:
                 saved[0] if config.jit_compile == "auto" else config.jit_compile,
                 saved[1] if config.steps_per_call == "auto" else config.steps_per_call,
                 "kept by the checkpoint, so the resumed run runs the same compiled step"))
+
+
+def _announce(line, verbose):
+    """Printed at verbose >= 1, logged always."""
+    if verbose:
+        print(f"tapeworks: {line}")
+    logger.info("%s", line)
 
 
 def xla_order(task, precision):

@@ -26,6 +26,9 @@ class StepKey(typing.NamedTuple):
     mode: object
     monitored: bool = False   # computes the monitor's per-layer statistics
     checks_finite: bool = True   # the non-finite verdict inside the step (not `rollback`'s)
+    # The layers' policy when traced: "auto" precision measures float32 against
+    # mixed bfloat16 (`plan/precision_trial.py`), each with its own functions.
+    precision: str = "float32"
 
 
 class CompiledSteps:
@@ -53,8 +56,13 @@ class CompiledSteps:
         """The `StepKey`s of every function built so far."""
         return list(self._functions)
 
+    def forget_precision(self, policy):
+        """Drops the functions traced under `policy` (a precision "auto" measured and left)."""
+        for key in [k for k in self._functions if k.precision == policy]:
+            del self._functions[key]
 
     def _cached(self, key, build):
+        key = key._replace(precision=self.precision.policy)
         if key not in self._functions:
             # Instantiated with grappler's CPU-idle passes left out: a
             # shorter first call, the same graph (`graph_options`).

@@ -85,6 +85,9 @@ class Explanation:
     # data's values (a majority class behind accuracy, validation inputs on another scale:
     # `DataStage.value_findings`).
     correctness: list = dataclasses.field(default_factory=list)
+    # Why this precision: "asked for", or what precision="auto" measured
+    # (`plan/precision_trial.py`: each precision's seconds per step and losses).
+    precision_reason: str = None
 
     def to_dict(self):
         out = dataclasses.asdict(self)
@@ -98,7 +101,9 @@ class Explanation:
                 ("host, between calls", self.host)]
         lines = [f"tapeworks explain: {self.steps} steps of batch {self.batch_size}, "
                  f"{_describe(self.mode)}, {self.steps_per_call} step(s) per call, "
-                 f"precision {self.precision}",
+                 f"precision {self.precision}"
+                 + (f" ({self.precision_reason})" if self.precision_reason
+                    and self.precision_reason != "asked for" else ""),
                  f"Verdict: {self.verdict.upper()}. Where a training step's "
                  f"{_ms(total)} goes:"]
         for name, seconds in rows:
@@ -238,7 +243,7 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
                         what, how, total / (current + new_wait),
                         f"measured: the pipeline makes a batch in {_ms(faster)} "
                         f"against {_ms(pipeline)}"))
-            if trial.precision_policy == "float32":
+            if trial.precision_policy == "float32" and not trial.precision_measured:
                 changes.append(_precision_change())
             profile = _profile(profile_dir, loop_for(mode), piped, per_call) \
                 if profile_dir else None
@@ -262,7 +267,8 @@ def explain(trial, data, steps=20, batch_size=None, profile_dir=None, try_xla=Tr
         compute=compute, host=host, per_call=call_cost, pipeline_seconds_per_batch=pipeline,
         compile_seconds=compile_seconds, retraces=retraces,
         verdict=verdict_of(wait, host, compute), changes=helpful, tried=tried,
-        findings=findings, profile_dir=profile, correctness=correctness)
+        findings=findings, profile_dir=profile, correctness=correctness,
+        precision_reason=trial.precision_reason)
 
 
 def verdict_of(input_wait, host, compute):
@@ -292,8 +298,9 @@ def _precision_change():
         return Change("precision=\"mixed_bfloat16\"", "Trainer(..., precision=\"auto\")", None,
                       f"not worth trying here: {reason}")
     return Change(f"precision=\"{policy}\"", "Trainer(..., precision=\"auto\")", None,
-                  f"this machine computes it natively ({reason}); it needs the model in "
-                  "that policy, so it is not measured here: try it and compare")
+                  f"this machine computes it natively ({reason}); \"auto\" measures float32 "
+                  "against it at the first long fit and keeps the faster where the losses "
+                  "agree")
 
 
 def _profile(directory, loop, iterator, per_call):

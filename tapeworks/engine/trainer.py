@@ -325,6 +325,9 @@ class Trainer(evaluation.EvaluateAndPredict):
         if report is not None:
             planner = self.data_stage.input_planner
             report["input"] = planner.report() if planner is not None else None
+            # precision="auto" where measured (`plan/precision_trial.py`).
+            choice = getattr(self.precision, "choice", None)
+            report["precision"] = choice.report() if choice is not None else None
         return report
 
     @property
@@ -451,6 +454,10 @@ class Trainer(evaluation.EvaluateAndPredict):
                 calls = self._call_loop()
                 point, data = run.restore(data)
                 train = data.train
+                if not self.precision.decided:
+                    steps = steps_per_epoch or train.steps
+                    plan.choose_precision(train, steps and steps * (epochs - initial_epoch),
+                                          self._trial, self.compiled, verbose)
                 calls.start_fit()
                 plan.start_fit()
                 plan.use_cache(state.element_spec, train.batch_size)

@@ -1,8 +1,17 @@
-"""Scenario `precision`: float32 against mixed bfloat16 and mixed float16.
+"""Scenario `precision`: float32 against mixed bfloat16, and what precision="auto" keeps.
 
-Each precision is trained by tapeworks (its own choice of XLA and steps per
-call, as users get it) and by Keras `fit` with the same global policy, on the
-large MLP of `loops` and on a small convolutional net, alternating in one run.
+On each of the bench models (small and large MLP, the digits CNN, the demo's
+super-resolution network, an LSTM) in one run, alternated:
+
+- tapeworks with precision="float32", "mixed_bfloat16" and "auto" (its own
+  choice of XLA and steps per call, as users get it; "auto" measures float32
+  against bfloat16 where the CPU has native bfloat16: `plan/precision_trial.py`);
+- Keras `fit` under each global policy, compiled as a tuned Keras user would:
+  `jit_compile=True, steps_per_execution=32`.
+
+The float32 and bfloat16 matmul peaks of the same run are in the facts: the
+roofline each precision's throughput is bounded by. mixed_float16 is not
+here: CPUs compute float16 by conversion, never faster.
 """
 
 import keras
@@ -11,63 +20,70 @@ import tensorflow as tf
 
 from tapeworks.bench.data import in_memory_dataset
 from tapeworks.bench.peak import matmul_peak_gflops
-from tapeworks.bench.scenarios.accumulate import build_convnet
-from tapeworks.bench.scenarios.loops import build_mlp
+from tapeworks.bench.scenarios.wallclock import model_and_data
 from tapeworks.bench.timing import QUICK_SETTLING, Approach, alternate, settle_trainer
 from tapeworks.engine import Trainer
 
-DESCRIPTION = ("float32 vs mixed_bfloat16 vs mixed_float16 (and \"auto\"), tapeworks and "
-               "Keras fit, on the large MLP and a small convnet")
+DESCRIPTION = ("float32 vs mixed_bfloat16 vs precision=\"auto\", tapeworks and Keras fit "
+               "(jit_compile=True, steps_per_execution=32), on five bench models")
 
-POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-
-
-def _models(quick):
-    if quick:
-        return [
-            ("MLP 64-256-256-10, batch 64", lambda: build_mlp((64, 256, 256, 10)), (64,), 64, 20),
-            ("convnet 16x16x3, batch 32", lambda: build_convnet(16, 8), (16, 16, 3), 32, 10),
-        ]
-    return [
-        ("large MLP 512-2048-2048-10, batch 256",
-         lambda: build_mlp((512, 2048, 2048, 10)), (512,), 256, 24),
-        ("convnet 32x32x3 width 32, batch 64", lambda: build_convnet(32, 32), (32, 32, 3), 64, 40),
-    ]
+POLICIES = ("float32", "mixed_bfloat16")
+MODELS = ("small MLP", "large MLP", "digits CNN", "super-resolution", "LSTM")
+QUICK_MODELS = ("small MLP",)
 
 
-def _loss():
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _approaches(build, shape, batch, steps, quick=False):
+def _model_and_data(name, quick):
+    """(model, loss, (x, y), batch) of a bench model, built under the current global policy."""
+    if name != "LSTM":
+        model, loss, train, _, batch = model_and_data(name, quick)
+        return model, loss, train, batch
+    # A sequence classifier: 32 steps of 16 features, as a sensor or text model.
+    keras.utils.set_random_seed(0)
+    steps, units, samples = (8, 16, 256) if quick else (32, 128, 2048)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(steps * batch, *shape)).astype("float32")
-    y = rng.integers(0, 10, steps * batch).astype("int32")
+    x = rng.normal(size=(samples, steps, 16)).astype("float32")
+    y = rng.integers(0, 10, samples).astype("int32")
+    model = keras.Sequential([keras.Input((steps, 16)), keras.layers.LSTM(units),
+                              keras.layers.Dense(10)])
+    return model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), (x, y), 64
+
+
+def _built_under(policy, name, quick):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        return _model_and_data(name, quick)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _approaches(name, quick=False):
+    _, _, (x, y), batch = _model_and_data(name, quick)
     dataset = in_memory_dataset((x, y), batch)
-    samples = len(x)
+    samples = len(x) // batch * batch
     out = []
     for precision in POLICIES + ("auto",):
-        trainer = Trainer(build(), keras.optimizers.Adam(1e-3), _loss(), precision=precision)
+        model, loss, _, _ = _model_and_data(name, quick)
+        trainer = Trainer(model, keras.optimizers.Adam(1e-3), loss, precision=precision)
 
         def setup(trainer=trainer):
             # Short settling for the quick (test) run: there "auto" keeps XLA modes
             # waiting (epochs too short to repay them), so settling would run to max_epochs.
             notes = settle_trainer(trainer, dataset, **(QUICK_SETTLING if quick else {}))
-            return dict(notes, precision=trainer.precision.policy)
+            choice = trainer.tuning.get("precision")
+            return dict(notes, precision=trainer.precision.policy,
+                        precision_reason=choice["reason"] if choice else
+                        trainer.precision.reason)
 
         out.append(Approach(f"tapeworks precision={precision}",
                             lambda trainer=trainer: (trainer.fit(dataset, verbose=0), samples)[1],
                             setup=setup))
     for policy in POLICIES:
-        keras.mixed_precision.set_global_policy(policy)
-        try:
-            model = build()
-        finally:
-            keras.mixed_precision.set_global_policy("float32")
-        # Keras wraps the optimizer in a LossScaleOptimizer for mixed_float16.
-        model.compile(keras.optimizers.Adam(1e-3), _loss())
+        model, loss, _, _ = _built_under(policy, name, quick)
+        model.compile(keras.optimizers.Adam(1e-3), loss, jit_compile=True,
+                      steps_per_execution=32)
         out.append(Approach(f"keras fit, policy {policy}",
-                            lambda model=model: (model.fit(dataset, shuffle=False, verbose=0), samples)[1]))
+                            lambda model=model: (model.fit(dataset, shuffle=False, verbose=0),
+                                                 samples)[1]))
     return out
 
 
@@ -77,9 +93,10 @@ def run(quick=False, repeats=5):
              "bfloat16 matmul peak (GFLOP/s)": matmul_peak_gflops(512 if quick else 2048,
                                                                   dtype=tf.bfloat16, repeats=3)}
     rows = []
-    for name, build, shape, batch, steps in _models(quick):
-        results = alternate(_approaches(build, shape, batch, steps, quick), repeats)
+    for name in QUICK_MODELS if quick else MODELS:
+        results = alternate(_approaches(name, quick), repeats)
         float32 = results["tapeworks precision=float32"]["samples_per_s"]
+        keras_bf16 = results["keras fit, policy mixed_bfloat16"]["samples_per_s"]
         for approach, result in results.items():
             policy = result["notes"].get("precision") or approach.rsplit(" ", 1)[-1]
             keras_same = results[f"keras fit, policy {policy}"]["samples_per_s"]
@@ -87,13 +104,15 @@ def run(quick=False, repeats=5):
                 "model": name, "approach": approach, "samples_per_s": result["samples_per_s"],
                 "vs_tapeworks_float32": result["samples_per_s"] / float32,
                 "vs_keras_same_policy": result["samples_per_s"] / keras_same,
+                "vs_keras_bfloat16": result["samples_per_s"] / keras_bf16,
                 "repeats": result["runs"], "notes": result["notes"],
             })
     return {
         "columns": [("model", "model"), ("approach", "approach"),
                     ("samples_per_s", "samples/s"),
                     ("vs_tapeworks_float32", "x tapeworks float32"),
-                    ("vs_keras_same_policy", "x Keras fit, same policy")],
+                    ("vs_keras_same_policy", "x Keras fit, same policy"),
+                    ("vs_keras_bfloat16", "x Keras fit, mixed_bfloat16")],
         "rows": rows,
         "facts": peaks,
         "chart": {"group": "model", "bar": "approach", "value": "vs_tapeworks_float32",

@@ -25,6 +25,8 @@ class TrialRun:
         self.data_stage = data_stage
         self.iterate = iterate            # Replication.iterate
         self.precision_policy = precision.policy
+        self.precision_reason = precision.reason
+        self.precision_measured = precision.measured   # "auto", measured or still to be
         self.models = state.task.models
         self.mode = plan.mode if plan.mode is not None else False
         self.steps_per_call = plan.steps or 1

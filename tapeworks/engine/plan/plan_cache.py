@@ -94,13 +94,50 @@ class PlanCache:
             # A read-only home or a full disk must not stop training.
             logger.warning("could not write the plan cache in %s (%s)", self.folder, error)
 
+    def get_record(self, kind, key):
+        """The JSON object stored by `put_record(kind, key, ...)`, or None (absent, unreadable).
+
+        A record that does not parse, or is not an object, is removed with a
+        warning; the caller validates its fields.
+        """
+        path = os.path.join(self.folder, f"{kind}-{key}.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            if not isinstance(record, dict) or record.get("format") != FORMAT:
+                raise ValueError("not a record of this format")
+            return record
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as error:
+            logger.warning("ignoring the unreadable plan cache entry %s (%s); it will be "
+                           "measured again", path, error)
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            return None
+
+    def put_record(self, kind, key, record):
+        """Stores another kind of choice (`kind`: "precision") beside the plans, atomically."""
+        record = dict(record, format=FORMAT,
+                      created=datetime.datetime.now().isoformat(timespec="seconds"))
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1, default=str)
+            os.replace(temporary, os.path.join(self.folder, f"{kind}-{key}.json"))
+        except OSError as error:
+            logger.warning("could not write the plan cache in %s (%s)", self.folder, error)
+
     def entries(self):
-        """[(key, plan)] of every readable entry, newest first."""
+        """[(key, plan)] of every readable plan, newest first (other records left out)."""
         found = []
         if not os.path.isdir(self.folder):
             return found
         for name in sorted(os.listdir(self.folder)):
-            if name.endswith(".json"):
+            if name.endswith(".json") and "-" not in name:
                 plan = self.get(name[:-len(".json")])
                 if plan is not None:
                     found.append((name[:-len(".json")], plan))
@@ -114,7 +151,7 @@ class PlanCache:
         for name in os.listdir(self.folder):
             if name.endswith((".json", ".tmp")):
                 os.remove(os.path.join(self.folder, name))
-                removed += name.endswith(".json")
+                removed += name.endswith(".json") and "-" not in name
         return removed
 
 

@@ -16,6 +16,7 @@ micro-batch skips the whole update (see `step.py`).
 import logging
 import os
 import re
+import types
 import warnings
 
 import keras
@@ -33,6 +34,8 @@ class Float32(tf.Module):
 
     policy = "float32"
     checks_finite = False
+    measured = False   # chosen by measurement (`Measured`), not by its name
+    decided = True
 
     def __init__(self, reason="asked for"):
         super().__init__(name="precision")
@@ -124,6 +127,57 @@ def all_finite(gradients):
     return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 
+class Measured(Float32):
+    """precision="auto" where the CPU computes bfloat16 natively: float32 until measured.
+
+    Which of float32 and mixed bfloat16 trains faster here is a question of
+    the model and the CPU (oneDNN runs bfloat16 matmuls on AVX512_BF16 or AMX;
+    elementwise work and casts may eat the gain), so the first fit long
+    enough to repay it measures both on its own batches
+    (`engine/plan/precision_trial.py`) and `decide`s. Neither needs loss
+    scaling, so every hook stays a no-op and the step is the same for both;
+    only the layers' policy changes, and with it the compiled functions,
+    which are keyed by `policy`.
+    """
+
+    measured = True
+
+    def __init__(self, reason="asked for"):
+        super().__init__(reason)
+        self.policy = "float32"
+        self.candidates = ("float32", "mixed_bfloat16")
+        self.choice = None   # the PrecisionChoice, once decided
+        # Not tracked by tf.Module (a plain namespace): the checkpoint's
+        # "precision" entry must stay as Float32's, with no variables in it.
+        self._held = types.SimpleNamespace(models=[], changed=[])
+
+    @property
+    def decided(self):
+        return self.choice is not None
+
+    def apply_to(self, model):
+        self._held.models.append(model)
+        if self.policy != "float32":
+            self._held.changed += set_mixed_policy(model, self.policy)
+
+    def switch(self, policy):
+        """Puts the models' layers on `policy` (one of `candidates`), undoing the last switch."""
+        for layer in self._held.changed:
+            layer.dtype_policy = "float32"
+        self._held.changed = []
+        self.policy = policy
+        if policy != "float32":
+            for model in self._held.models:
+                self._held.changed += set_mixed_policy(model, policy)
+
+    def decide(self, choice):
+        """Keeps `choice` (a `PrecisionChoice`): its policy from here on."""
+        self.choice = choice
+        self.reason = choice.reason
+        self.switch(choice.policy)
+        logger.info("precision=%s (%s)", choice.policy, choice.reason)
+
+
 def resolve(precision):
     """Returns the plugin for `precision`, resolving "auto" from the hardware."""
     if precision not in CHOICES:
@@ -134,6 +188,8 @@ def resolve(precision):
     if precision != "auto":
         return _PLUGINS[precision]()
     name, reason = auto_choice()
+    if name == "mixed_bfloat16" and not tf.config.list_physical_devices("GPU"):
+        return Measured(f"{reason}; float32 until the first long enough fit measures both")
     logger.info("precision=%s (%s)", name, reason)
     return _PLUGINS[name](reason)
 
@@ -175,8 +231,9 @@ def set_mixed_policy(model, policy):
     Only layers on the plain "float32" policy are changed (a layer the user
     put on another policy keeps it). Output layers stay float32, as Keras'
     mixed-precision guide advises for the final layer and its activation; the
-    variables of every layer stay float32 either way.
+    variables of every layer stay float32 either way. Returns the layers changed.
     """
+    changed = []
     outputs = set(id(layer) for layer in output_layers(model))
     # `_flatten_layers` is Keras' own walk over nested layers; there is no
     # public equivalent that includes layers of nested models.
@@ -185,6 +242,8 @@ def set_mixed_policy(model, policy):
             continue
         if layer.dtype_policy.name == "float32":
             layer.dtype_policy = policy
+            changed.append(layer)
+    return changed
 
 
 def output_layers(model):
