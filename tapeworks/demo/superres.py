@@ -118,7 +118,10 @@ class BicubicResidual(keras.layers.Layer):
 
     def call(self, inputs):
         lr, residual = inputs
-        return upscale_bicubic(lr) + tf.nn.depth_to_space(residual, SCALE)
+        # Under a mixed policy the residual is bfloat16 or float16, while the
+        # resize computes in float32: the sum is in the layer's compute dtype.
+        upscaled = tf.cast(upscale_bicubic(lr), residual.dtype)
+        return upscaled + tf.nn.depth_to_space(residual, SCALE)
 
 
 def build_model(width=48):

@@ -7,7 +7,8 @@ super-resolution network, an LSTM) in one run, alternated:
   choice of XLA and steps per call, as users get it; "auto" measures float32
   against bfloat16 where the CPU has native bfloat16: `plan/precision_trial.py`);
 - Keras `fit` under each global policy, compiled as a tuned Keras user would:
-  `jit_compile=True, steps_per_execution=32`.
+  `jit_compile=True, steps_per_execution=32` (`jit_compile=False` where XLA cannot
+  compile the model, as that user would after the error).
 
 The float32 and bfloat16 matmul peaks of the same run are in the facts: the
 roofline each precision's throughput is bounded by. mixed_float16 is not
@@ -79,11 +80,24 @@ def _approaches(name, quick=False):
                             setup=setup))
     for policy in POLICIES:
         model, loss, _, _ = _built_under(policy, name, quick)
-        model.compile(keras.optimizers.Adam(1e-3), loss, jit_compile=True,
-                      steps_per_execution=32)
+
+        def setup(model=model, loss=loss):
+            # A tuned Keras user's settings; where XLA cannot compile the model
+            # (the super-resolution network's bicubic resize), what that user
+            # falls back to after the error.
+            for jit_compile in (True, False):
+                model.compile(keras.optimizers.Adam(1e-3), loss, jit_compile=jit_compile,
+                              steps_per_execution=32)
+                try:
+                    model.fit(dataset, shuffle=False, verbose=0)
+                    return {"jit_compile": jit_compile, "steps_per_execution": 32}
+                except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+                    continue
+            raise RuntimeError(f"Keras' fit of {name} failed with and without XLA")
+
         out.append(Approach(f"keras fit, policy {policy}",
                             lambda model=model: (model.fit(dataset, shuffle=False, verbose=0),
-                                                 samples)[1]))
+                                                 samples)[1], setup=setup))
     return out
 
 
