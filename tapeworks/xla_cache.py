@@ -24,11 +24,19 @@ the cache; one that runs TensorFlow ops first trains as before, without it.
   without starting TensorFlow, and no GPU is at hand to test them.
 - Safe under concurrent processes: TensorFlow writes each entry to a
   temporary file and renames it (atomic on a local file system).
+- Every entry carries a checksum of its own: `NAME.pb.sha256` beside it,
+  written by the process that compiled it (at the end of each fit and at
+  exit) or, for an entry whose process was killed first, when the next
+  process starts. At each start an entry whose bytes no longer match is
+  removed with a warning and compiled again: TensorFlow loads an entry with
+  two bytes flipped (it still parses) and fails the whole XLA call with an
+  `InternalError`, in every later run.
 - Off with `TAPEWORKS_XLA_CACHE=0`; left alone when `TF_XLA_FLAGS` already
   names a persistent cache directory. `tapeworks cache show | clear` lists
   and empties it with the plans.
 """
 
+import atexit
 import hashlib
 import importlib.metadata
 import logging
@@ -40,6 +48,7 @@ logger = logging.getLogger("tapeworks")
 
 ENV_SWITCH = "TAPEWORKS_XLA_CACHE"
 FLAG = "--tf_xla_persistent_cache_directory"
+enabled_folder = None   # the folder `enable` pointed TensorFlow at, in this process
 _TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
                      "tf-nightly", "tf-nightly-cpu")
 
@@ -88,6 +97,10 @@ def enable():
     if not _writable(path):
         return None
     _remove_unreadable(path)
+    check_checksums(path)
+    global enabled_folder
+    enabled_folder = path
+    atexit.register(record_checksums, path)
     extra = f"{FLAG}={path} --tf_xla_persistent_cache_device_types=CPU"
     os.environ["TF_XLA_FLAGS"] = f"{current} {extra}".strip()
     return path
@@ -142,10 +155,88 @@ def _remove_unreadable(path):
         except message.DecodeError as error:
             logger.warning("removing the unreadable XLA cache entry %s (%s); it will be "
                            "compiled again", file, error)
-            try:
-                os.remove(file)
-            except OSError:
-                pass
+            _remove(file)
+            _remove(file + CHECKSUM)
+
+
+CHECKSUM = ".sha256"
+
+
+def digest(file):
+    """The SHA-256 of a file's bytes, as its checksum file holds it."""
+    sha = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def record_checksums(path=None):
+    """Writes the checksum of every entry in `path` (default: the enabled cache's) without one.
+
+    Called at the end of each fit and at exit: the entries this process
+    compiled get theirs while their bytes are as XLA wrote them.
+    """
+    path = path or enabled_folder
+    if path is None or not os.path.isdir(path):
+        return
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        return
+    for name in names:
+        if not name.endswith(".pb") or name + CHECKSUM in names:
+            continue
+        file = os.path.join(path, name)
+        try:
+            checksum = digest(file)
+            handle, temporary = tempfile.mkstemp(dir=path, suffix=".tmp")
+            with os.fdopen(handle, "w") as f:
+                f.write(checksum + "\n")
+            os.replace(temporary, file + CHECKSUM)
+        except OSError:
+            continue   # removed meanwhile, or a read-only folder: checked next time
+
+
+def check_checksums(path):
+    """Removes, with a warning, every entry whose bytes do not match its checksum.
+
+    An entry without a checksum (its process was killed before writing one)
+    gets one now; a checksum without its entry is removed.
+    """
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        return
+    for name in sorted(names):
+        file = os.path.join(path, name)
+        if name.endswith(".pb" + CHECKSUM) and name[:-len(CHECKSUM)] not in names:
+            _remove(file)
+            continue
+        if not name.endswith(".pb") or name + CHECKSUM not in names:
+            continue
+        try:
+            with open(file + CHECKSUM, encoding="ascii") as f:
+                expected = f.read().strip()
+            actual = digest(file)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if actual != expected:
+            from tapeworks.errors import TapeworksWarning, warn
+
+            warn(f"tapeworks: removed the damaged XLA cache entry {file} (its bytes no longer "
+                 "match the checksum written when it was compiled); it will be compiled "
+                 "again.", TapeworksWarning)
+            _remove(file)
+            _remove(file + CHECKSUM)
+    record_checksums(path)
+
+
+def _remove(file):
+    try:
+        os.remove(file)
+    except OSError:
+        pass
 
 
 def entries():

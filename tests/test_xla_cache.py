@@ -115,3 +115,36 @@ def test_a_second_process_loads_the_executables_and_a_damaged_one_is_rebuilt(tmp
     assert "removing the unreadable XLA cache entry" in stderr
     # Written again whole (a compile's bytes need not repeat exactly).
     assert _entries(tmp_path)[damaged][0] > first[damaged][0] // 2
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_an_entry_with_two_bytes_flipped_is_caught_by_its_checksum_and_compiled_again(tmp_path):
+    loss, _ = _run(tmp_path)
+    first = _entries(tmp_path)
+    assert first and all(os.path.exists(path + xla_cache.CHECKSUM) for path in first)
+    # Same size, and it still parses as a protocol buffer: only the checksum sees it.
+    damaged = max(first, key=lambda path: first[path][0])
+    data = bytearray(first[damaged][2])
+    middle = len(data) // 2
+    data[middle] ^= 0xFF
+    data[middle + 1] ^= 0xFF
+    with open(damaged, "wb") as f:
+        f.write(data)
+    rebuilt, stderr = _run(tmp_path)
+    assert rebuilt == loss
+    assert f"removed the damaged XLA cache entry {damaged}" in stderr
+    assert _entries(tmp_path)[damaged][2] != bytes(data)
+    with open(damaged + xla_cache.CHECKSUM) as f:
+        assert f.read().strip() == xla_cache.digest(damaged)
+
+
+def test_checksums_written_checked_and_orphans_removed(tmp_path):
+    (tmp_path / "a.pb").write_bytes(b"\x08\x01")
+    xla_cache.check_checksums(str(tmp_path))   # first sight: recorded
+    assert (tmp_path / "a.pb.sha256").exists()
+    (tmp_path / "b.pb.sha256").write_text("0" * 64)   # its entry is gone
+    (tmp_path / "a.pb").write_bytes(b"\x08\x02")       # same size, other bytes
+    with pytest.warns(UserWarning, match="removed the damaged XLA cache entry"):
+        xla_cache.check_checksums(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == []

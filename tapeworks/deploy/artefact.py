@@ -42,6 +42,7 @@ from tapeworks.deploy import judgement, litert, quantisation
 from tapeworks.deploy import verify as verify_lib
 from tapeworks.deploy.report import ExportError, ExportReport
 from tapeworks.deploy.serving import Serving
+from tapeworks import fileio
 from tapeworks.errors import ConfigError
 
 FORMATS = ("saved_model", "keras", "tflite")
@@ -147,6 +148,8 @@ def export(model, path, format="saved_model", *, preprocessing=None, sample=None
 
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    # What an export killed mid-way left here (its process is gone).
+    fileio.remove_abandoned(folder)
     name = os.path.basename(path.rstrip(os.sep))
     partial = os.path.join(folder, f".{name}.partial-{os.getpid()}"
                            + (suffix or ""))
@@ -312,7 +315,10 @@ def _run_fresh(format, artefact, inputs, modules):
 def _put_in_place(partial, path):
     """Renames the verified artefact to `path`, replacing what was there only now."""
     if os.path.isdir(path) and not os.path.islink(path):
-        old = f"{path.rstrip(os.sep)}.old-{os.getpid()}"
+        # Hidden, with this PID: a kill between the renames leaves it for
+        # `fileio.remove_abandoned`.
+        head, tail = os.path.split(path.rstrip(os.sep))
+        old = os.path.join(head, f".{tail}.old-{os.getpid()}")
         os.replace(path, old)
         os.replace(partial, path)
         shutil.rmtree(old, ignore_errors=True)

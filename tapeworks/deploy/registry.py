@@ -50,7 +50,7 @@ import numpy as np
 
 from tapeworks.deploy.graph_ops import UnsafeGraphError, check_ops
 from tapeworks.errors import TapeworksError
-from tapeworks.fileio import fsync_folder
+from tapeworks.fileio import fsync_folder, process_alive, remove_abandoned
 
 VERSION_FILE = "tapeworks-version.json"
 LOCK_FILE = ".tapeworks.lock"
@@ -516,8 +516,10 @@ class Registry:
                 self._write_state(name, state)
             shutil.rmtree(trash, ignore_errors=True)
             for entry in os.listdir(self._meta_dir(name)):
-                if entry.startswith("incoming-") and not _alive(entry.split("-")[1]):
+                if entry.startswith("incoming-") and not process_alive(entry.split("-")[1]):
                     shutil.rmtree(os.path.join(self._meta_dir(name), entry), ignore_errors=True)
+            # An export into the model's folder killed mid-way.
+            remove_abandoned(model_dir)
         return removed
 
     def _write_serving_config(self):
@@ -538,13 +540,3 @@ class Registry:
                 "  }\n")
         write_atomically(os.path.join(self.root, CONFIG_FILE),
                          "model_config_list {\n" + "".join(entries) + "}\n")
-
-
-def _alive(pid):
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -13,6 +13,7 @@ from tapeworks.engine import config as config_lib
 from tapeworks.engine.plan import autotune, precision_trial
 from tapeworks.engine.plan import plan_cache as plan_cache_lib
 from tapeworks.engine.step import replicas
+from tapeworks.errors import TapeworksWarning, warn
 
 logger = logging.getLogger("tapeworks")
 
@@ -97,8 +98,12 @@ class CallPlan:
         key, _ = plan_cache_lib.fingerprint(
             self.config, self.task, types.SimpleNamespace(policy="auto"), element_spec,
             batch_size)
-        return key, precision_trial.PrecisionChoice.from_report(
-            self.cache.get_record("precision", key), candidates)
+        record = self.cache.get_record("precision", key)
+        choice = precision_trial.PrecisionChoice.from_report(record, candidates)
+        if record is not None and choice is None:
+            warn(f"tapeworks: ignoring the plan cache's precision record {key} (not what a run "
+                 "writes); precision is measured again and stored anew.", TapeworksWarning)
+        return key, choice
 
     def choose_precision(self, train, fit_steps, open_trial, compiled, verbose):
         """precision="auto" on a CPU with native bfloat16: float32 or mixed bfloat16, measured.

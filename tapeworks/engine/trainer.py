@@ -17,7 +17,7 @@ import logging
 
 import keras
 
-from tapeworks import distribute as distribute_lib
+from tapeworks import distribute as distribute_lib, xla_cache
 from tapeworks.engine import config as config_lib
 from tapeworks.engine import evaluation, explanation
 from tapeworks.engine.call_loop import CallLoop
@@ -495,6 +495,7 @@ class Trainer(evaluation.EvaluateAndPredict):
                     state.finalize()
                 run.finish(calls.host_step, batches, max(epochs, initial_epoch))
                 plan.end_fit()
+                xla_cache.record_checksums()   # of what XLA compiled in this fit
                 callback_list.on_train_end(training_logs)
                 return self.model.history
             finally:

@@ -489,6 +489,20 @@ def check_source(source, path="<string>", select=None, ignore=()):
     except SyntaxError as error:
         return [Finding(path, error.lineno or 1, max((error.offset or 1) - 1, 0), PARSE_ERROR,
                         f"could not parse: {error.msg}")]
+    except (RecursionError, MemoryError) as error:
+        # Python's own parser gives up on an expression nested too deeply (100,000
+        # terms of `1+1+...`): this file is reported, the others are still checked.
+        return [too_deep(path, "could not parse", error)]
     if not _TRIGGERS.search(source):
         return []
-    return kept(check_tree(tree, path), source, select, ignore)
+    try:
+        return kept(check_tree(tree, path), source, select, ignore)
+    except RecursionError as error:
+        return [too_deep(path, "could not check", error)]
+
+
+def too_deep(path, what, error):
+    """The TW000 finding of a file whose nesting Python's parser or the rules cannot follow."""
+    return Finding(path, 1, 0, PARSE_ERROR,
+                   f"{what}: the code nests too deeply for Python ({type(error).__name__}: "
+                   f"{str(error) or 'recursion'}); split the expression into named parts")

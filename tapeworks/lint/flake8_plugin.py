@@ -4,7 +4,7 @@ flake8 applies `# noqa` and its own select/ignore; the plugin reports every find
 """
 
 from tapeworks.docs_links import see_docs
-from tapeworks.lint.checker import check_tree
+from tapeworks.lint.checker import check_tree, too_deep
 
 
 class TapeworksLint:
@@ -16,6 +16,10 @@ class TapeworksLint:
         self.filename = filename
 
     def run(self):
-        for finding in check_tree(self.tree, self.filename):
+        try:
+            findings = check_tree(self.tree, self.filename)
+        except RecursionError as error:
+            findings = [too_deep(self.filename, "could not check", error)]
+        for finding in findings:
             yield (finding.line, finding.col,
                    f"{finding.code} {finding.message} ({see_docs(finding.code)})", type(self))

@@ -13,7 +13,7 @@ in the response's `model_spec`, as TF Serving does.
 import grpc
 import numpy as np
 
-from tapeworks.serve import rest
+from tapeworks.serve import rest, tensor_proto
 from tapeworks.serve.batching import QueueFull
 from tapeworks.serve.json_tensor import check_shape
 from tapeworks.serve.servable import CLASSIFY, DEFAULT_SIGNATURE, REGRESS, RequestError
@@ -103,7 +103,7 @@ def build_services(serving):
                         f"Inputs requested must be: {', '.join(sorted(specs))}.")
                 inputs = {}
                 for name, proto in request.inputs.items():
-                    array = tf.make_ndarray(proto)
+                    array = tensor_proto.to_array(proto, name, serving.settings.max_body_bytes)
                     if tf.dtypes.as_dtype(proto.dtype) != specs[name].dtype:
                         raise RequestError(
                             f"Expects arg[{name}] to be {specs[name].dtype.name} but "
@@ -199,15 +199,63 @@ def build_services(serving):
     return PredictionService(), ModelService()
 
 
+def _handlers(service, servicer, methods):
+    """A generic handler of `service` whose methods parse their own request bytes.
+
+    The generated `add_*Servicer_to_server` hands gRPC each request class's
+    `FromString`, and a body that does not parse then fails inside gRPC as
+    UNKNOWN with protobuf's `DecodeError` text. Here the bytes come to the
+    method as they are, and a body that does not parse is INVALID_ARGUMENT,
+    as every other bad request.
+    """
+    from google.protobuf import message
+
+    def handler(name, request_class, response_class):
+        method = getattr(servicer, name)
+
+        async def parse_then_call(raw, context):
+            try:
+                request = request_class.FromString(raw)
+            except (message.DecodeError, RecursionError) as error:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Could not parse the {request_class.__name__} ({error}). Expected the "
+                    f"serialized {request_class.DESCRIPTOR.full_name} of TF Serving's API.")
+            return await method(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            parse_then_call, request_deserializer=None,
+            response_serializer=response_class.SerializeToString)
+
+    return grpc.method_handlers_generic_handler(
+        service, {name: handler(name, *classes) for name, classes in methods.items()})
+
+
 async def start(serving, host, port):
     """A started grpc.aio server on host:port with both services."""
-    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+    from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
+                                         get_model_status_pb2, inference_pb2,
+                                         model_management_pb2, predict_pb2, regression_pb2)
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", serving.settings.max_body_bytes)])
     prediction, models = build_services(serving)
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)
+    server.add_generic_rpc_handlers((
+        _handlers("tensorflow.serving.PredictionService", prediction, {
+            "Classify": (classification_pb2.ClassificationRequest,
+                         classification_pb2.ClassificationResponse),
+            "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse),
+            "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse),
+            "MultiInference": (inference_pb2.MultiInferenceRequest,
+                               inference_pb2.MultiInferenceResponse),
+            "GetModelMetadata": (get_model_metadata_pb2.GetModelMetadataRequest,
+                                 get_model_metadata_pb2.GetModelMetadataResponse)}),
+        _handlers("tensorflow.serving.ModelService", models, {
+            "GetModelStatus": (get_model_status_pb2.GetModelStatusRequest,
+                               get_model_status_pb2.GetModelStatusResponse),
+            "HandleReloadConfigRequest": (model_management_pb2.ReloadConfigRequest,
+                                          model_management_pb2.ReloadConfigResponse)}),
+    ))
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
     await server.start()

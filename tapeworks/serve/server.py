@@ -66,6 +66,10 @@ def add_arguments(parser):
     parser.add_argument("--idle-timeout-seconds", type=float, default=5.0,
                         help="close a connection idle this long (before its first request or "
                              "between requests; default 5)")
+    parser.add_argument("--max-header-kb", type=float, default=None,
+                        help="largest request line and headers together (431 above; default 64)")
+    parser.add_argument("--max-headers", type=int, default=None,
+                        help="most header fields in a request (431 above; default 100)")
     parser.add_argument("--header-timeout-seconds", type=float, default=10.0,
                         help="close a connection whose request headers take longer (default 10)")
     parser.add_argument("--body-timeout-seconds", type=float, default=30.0,
@@ -173,7 +177,11 @@ def run(args):
           + (f" and gRPC {args.host}:{grpc_port}" if grpc_port else "")
           + f" (batching: {settings.max_batch_size or 'off'})", flush=True)
     protocol = type("HttpProtocol", (connections.TimedHttpProtocol,),
-                    {"header_timeout": args.header_timeout_seconds})
+                    {"header_timeout": args.header_timeout_seconds,
+                     "max_header_bytes": connections.MAX_HEADER_BYTES
+                     if args.max_header_kb is None else int(args.max_header_kb * 1024),
+                     "max_header_fields": connections.MAX_HEADER_FIELDS
+                     if args.max_headers is None else args.max_headers})
     config = uvicorn.Config(serving.app, host=args.host, port=port, log_level="warning",
                             access_log=False, http=protocol,
                             timeout_keep_alive=args.idle_timeout_seconds,

@@ -100,3 +100,30 @@ def test_flake8_honours_noqa(project):
     result = subprocess.run([sys.executable, "-m", "flake8", "--select", "TW", "pkg"],
                             capture_output=True, text=True, cwd=project, timeout=120)
     assert result.returncode == 0 and result.stdout == ""
+
+
+@pytest.mark.parametrize("terms, what", [(100_000, "could not parse"),
+                                         (1_000, "could not check")])
+def test_a_file_nested_too_deeply_is_a_finding_and_the_others_are_still_checked(
+        tmp_path, terms, what):
+    deep = tmp_path / "generated.py"
+    deep.write_text("import tensorflow as tf\n\n\n@tf.function\ndef f(x):\n    return "
+                    + "+".join(["x"] * terms) + "\n")
+    (tmp_path / "step.py").write_text(BAD)
+    result = lint(str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith(f"{deep}:1:1: TW000 {what}: the code nests too deeply")
+               for line in lines), result.stdout
+    assert any(f"{tmp_path / 'step.py'}:5:5: TW103" in line for line in lines)
+
+
+def test_the_flake8_plugin_reports_a_tree_too_deep_for_the_rules(tmp_path):
+    from tapeworks.lint.flake8_plugin import TapeworksLint
+    import ast
+
+    tree = ast.parse("import tensorflow as tf\n\n\n@tf.function\ndef f(x):\n    return "
+                     + "+".join(["x"] * 1_000) + "\n")
+    [(line, col, message, _)] = list(TapeworksLint(tree, "generated.py").run())
+    assert (line, col) == (1, 0) and message.startswith("TW000 could not check")

@@ -22,6 +22,7 @@ import datetime
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -53,24 +54,22 @@ class PlanCache:
         return os.path.join(self.folder, f"{key}.json")
 
     def get(self, key):
-        """The stored plan for `key`, or None (absent, unreadable or from another format)."""
+        """The stored plan for `key`, or None (absent, unreadable, invalid, another format).
+
+        Every field read from disk is checked (`check_plan`): an entry that a
+        crash, another program or a hand edit left invalid is removed with a
+        warning naming the file and the field, and the plan is measured again.
+        """
         path = self._path(key)
         try:
             with open(path, encoding="utf-8") as f:
                 plan = json.load(f)
-            if plan.get("format") != FORMAT or plan.get("jit_compile") not in (
-                    True, False, "update") or not isinstance(plan.get("steps_per_call"), int):
-                raise ValueError("not a plan of this format")
+            check_plan(plan)
             return plan
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, AttributeError) as error:
-            logger.warning("ignoring the unreadable plan cache entry %s (%s); it will be "
-                           "measured again", path, error)
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
+            _discard(path, error)
             return None
 
     def put(self, key, jit_compile, steps_per_call, reason, description, memory=None):
@@ -109,13 +108,8 @@ class PlanCache:
             return record
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as error:
-            logger.warning("ignoring the unreadable plan cache entry %s (%s); it will be "
-                           "measured again", path, error)
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
+            _discard(path, error)
             return None
 
     def put_record(self, kind, key, record):
@@ -153,6 +147,66 @@ class PlanCache:
                 os.remove(os.path.join(self.folder, name))
                 removed += name.endswith(".json") and "-" not in name
         return removed
+
+
+def _discard(path, error):
+    from tapeworks.errors import TapeworksWarning, warn
+
+    warn(f"tapeworks: ignoring the plan cache entry {path}: {error}. It is removed, and the "
+         "plan is measured again and stored anew.", TapeworksWarning)
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _is_int(value, low, high=None):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (
+        high is None or value <= high)
+
+
+def _is_number(value, low=0.0):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value >= low
+
+
+def _is_mode(value, modes=(True, False, "update")):
+    # JSON's 1 and 0 are not true and false: `1 in (True, False)` is, so compare types.
+    return any(type(value) is type(m) and value == m for m in modes)
+
+
+def check_plan(plan):
+    """Raises ValueError naming the first field of `plan` (read from disk) that is invalid."""
+    from tapeworks.engine.plan.autotune import MAX_STEPS_PER_CALL, XLA_START_RATIO
+
+    if not isinstance(plan, dict):
+        raise ValueError(f"expected a JSON object, found {type(plan).__name__}")
+    if plan.get("format") != FORMAT:
+        raise ValueError(f"format {plan.get('format')!r}, expected {FORMAT}")
+    if not _is_mode(plan.get("jit_compile")):
+        raise ValueError(f"jit_compile={plan.get('jit_compile')!r}, expected true, false or "
+                         "\"update\"")
+    if not _is_int(plan.get("steps_per_call"), 1, MAX_STEPS_PER_CALL):
+        raise ValueError(f"steps_per_call={plan.get('steps_per_call')!r}, expected an integer "
+                         f"from 1 to {MAX_STEPS_PER_CALL}")
+    if not isinstance(plan.get("reason"), str):
+        raise ValueError(f"reason={plan.get('reason')!r}, expected a string")
+    memory = plan.get("memory")
+    if memory is None:
+        return
+    try:
+        valid = (isinstance(memory, dict)
+                 and all(_is_mode(m, tuple(XLA_START_RATIO)) for m in memory["waiting"])
+                 and all(len(c) == 4 and _is_mode(c[0]) and _is_int(c[1], 1)
+                         and _is_number(c[2]) and _is_number(c[3]) for c in memory["calls"])
+                 and all(len(s) == 2 and _is_mode(s[0]) and _is_number(s[1])
+                         for s in memory["start_seconds"])
+                 and _is_number(memory["reference_batch"], 1e-9)
+                 and _is_int(memory["steps_seen"], 0))
+    except (KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise ValueError("its memory of the modes still to try is not what a run writes")
 
 
 def fingerprint(config, task, precision, element_spec, batch_size):

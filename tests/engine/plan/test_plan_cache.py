@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 
@@ -187,3 +188,64 @@ def test_a_plan_with_modes_still_waiting_counts_the_steps_of_each_run(tmp_path):
     (_, plan), = PlanCache(str(tmp_path)).entries()
     assert plan["memory"]["steps_seen"] == trained + 40
     assert plan["reason"] == first.tuning["reason"]   # the measuring run's reason, kept
+
+
+GOOD = {"format": 1, "jit_compile": False, "steps_per_call": 4, "reason": "measured",
+        "what": {}}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"steps_per_call": 0}, "steps_per_call=0"),
+    ({"steps_per_call": -3}, "steps_per_call=-3"),
+    ({"steps_per_call": 100_000}, "steps_per_call=100000"),
+    ({"steps_per_call": "4"}, "steps_per_call='4'"),
+    ({"steps_per_call": True}, "steps_per_call=True"),
+    ({"steps_per_call": 4.0}, "steps_per_call=4.0"),
+    ({"jit_compile": 1}, "jit_compile=1"),
+    ({"jit_compile": "xla"}, "jit_compile='xla'"),
+    ({"jit_compile": None}, "jit_compile=None"),
+    ({"reason": None}, "reason=None"),
+    ({"format": 2}, "format 2"),
+    ({"memory": {"waiting": ["update"], "calls": [[False, 0, 1.0, 1.0]],
+                 "start_seconds": [[False, 1.0]], "reference_batch": 10, "steps_seen": 5}},
+     "memory"),
+    ({"memory": {"waiting": ["warp"], "calls": [], "start_seconds": [],
+                 "reference_batch": 10, "steps_seen": 5}}, "memory"),
+    ({"memory": {"waiting": [True], "calls": [[False, 4, "x", 1.0]],
+                 "start_seconds": [[False, 1.0]], "reference_batch": 10, "steps_seen": 5}},
+     "memory"),
+    ({"memory": [1, 2]}, "memory"),
+])
+def test_every_field_read_from_disk_is_checked(tmp_path, change, says):
+    cache = PlanCache(str(tmp_path))
+    os.makedirs(cache.folder, exist_ok=True)
+    path = os.path.join(cache.folder, "abc.json")
+    with open(path, "w") as f:
+        json.dump(dict(GOOD, **change), f)
+    with pytest.warns(tapeworks.TapeworksWarning, match=f"ignoring the plan cache entry "
+                      f".*abc.json: .*{re.escape(says)}"):
+        assert cache.get("abc") is None
+    assert not os.path.exists(path)
+    with open(path, "w") as f:
+        json.dump(GOOD, f)
+    assert cache.get("abc")["steps_per_call"] == 4
+
+
+def test_a_trainer_given_an_invalid_stored_plan_measures_again(tmp_path):
+    x, y = models.regression_data(n=400)
+    first = _trainer(str(tmp_path))
+    for _ in range(20):
+        first.fit((x, y), batch_size=10, epochs=2, verbose=0)
+        if not first.tuning["reason"] == "still measuring":
+            break
+    [name] = [n for n in os.listdir(tmp_path) if n.endswith(".json")]
+    with open(tmp_path / name) as f:
+        stored = json.load(f)
+    stored["steps_per_call"] = 0
+    with open(tmp_path / name, "w") as f:
+        json.dump(stored, f)
+    second = _trainer(str(tmp_path))
+    with pytest.warns(tapeworks.TapeworksWarning, match="steps_per_call=0"):
+        second.fit((x, y), batch_size=10, epochs=1, verbose=0)
+    assert not second.tuning["from_cache"]
+    assert second.steps_per_call >= 1
