@@ -11,6 +11,7 @@ import types
 
 from tapeworks.engine import config as config_lib
 from tapeworks.engine.plan import autotune, precision_trial
+from tapeworks.engine.progress import announce
 from tapeworks.engine.plan import plan_cache as plan_cache_lib
 from tapeworks.engine.step import replicas
 from tapeworks.errors import TapeworksWarning, warn
@@ -126,7 +127,7 @@ class CallPlan:
             if why is not None:
                 if why != precision.reason:
                     precision.reason = why
-                    _announce(f"precision=float32 ({why})", verbose)
+                    announce(f"precision=float32 ({why})", verbose)
                 return
             with open_trial() as trial:
                 choice = precision_trial.measure(trial, train, precision)
@@ -136,7 +137,7 @@ class CallPlan:
         for policy in precision.candidates:
             if policy != choice.policy:
                 compiled.forget_precision(policy)
-        _announce(f"precision={choice.policy} ({choice.reason})", verbose)
+        announce(f"precision={choice.policy} ({choice.reason})", verbose)
 
     def announce_once(self, verbose):
         """Says what "auto" chose, once per choice (printed at verbose >= 1, logged); stores it."""
@@ -190,13 +191,6 @@ class CallPlan:
                 saved[0] if config.jit_compile == "auto" else config.jit_compile,
                 saved[1] if config.steps_per_call == "auto" else config.steps_per_call,
                 "kept by the checkpoint, so the resumed run runs the same compiled step"))
-
-
-def _announce(line, verbose):
-    """Printed at verbose >= 1, logged always."""
-    if verbose:
-        print(f"tapeworks: {line}")
-    logger.info("%s", line)
 
 
 def xla_order(task, precision):

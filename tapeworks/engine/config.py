@@ -9,11 +9,11 @@ import dataclasses
 import re
 
 import keras
+import tensorflow as tf
 
-from tapeworks.engine.step import model_step
 from tapeworks.engine.checks import nonfinite
+from tapeworks.engine.step import model_step, step
 from tapeworks.engine.step import precision as precision_lib
-from tapeworks.engine.step import step
 from tapeworks.engine.step import task as task_lib
 from tapeworks.errors import ConfigError
 
@@ -50,6 +50,8 @@ class TrainerConfig:
     pruning: object = None
     sync_batchnorm: bool = False
     split_xla_step_bytes: float = step.SPLIT_MIN_GRADIENT_BYTES
+    # Why the step runs eagerly when nobody asked this Trainer to (one line, said at fit).
+    run_eagerly_reason: object = None
 
     @property
     def auto(self):
@@ -83,6 +85,17 @@ def from_arguments(model, *, optimizer, loss, metrics, loss_weights, weighted_me
         # A model compiled with run_eagerly=True is debugged eagerly here too.
         run_eagerly = bool(isinstance(model, keras.Model)
                            and getattr(model, "compiled", False) and model.run_eagerly)
+        if not run_eagerly and tf.config.functions_run_eagerly():
+            # The script switched every tf.function to eager (a debugging
+            # switch): Keras' fit then runs its step eagerly, XLA or not, and
+            # so does this one, saying so, instead of measuring "compiled"
+            # modes that would all run eagerly.
+            run_eagerly = True
+            options["run_eagerly_reason"] = (
+                "tf.config.run_functions_eagerly(True) is set: the step runs eagerly, as in "
+                "Keras' fit (no XLA, nothing measured); call it with False to compile")
+            if options["jit_compile"] in (True, "update"):
+                options["jit_compile"] = False
     options["run_eagerly"] = run_eagerly
     jit_compile, steps_per_call = options["jit_compile"], options["steps_per_call"]
     if jit_compile not in (True, False, "update", "auto"):

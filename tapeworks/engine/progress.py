@@ -1,9 +1,19 @@
 """Progress display for `fit`: Keras' `Progbar`, with samples per second beside the step time."""
 
+import logging
 import sys
 import time
 
 import keras
+
+logger = logging.getLogger("tapeworks")
+
+
+def announce(line, verbose):
+    """A choice or a fallback of tapeworks' own: printed at verbose >= 1, logged always."""
+    if verbose:
+        print(f"tapeworks: {line}")
+    logger.info("%s", line)
 
 
 def resolve_verbose(verbose):

@@ -29,7 +29,7 @@ from tapeworks.engine.compiled_steps import CompiledSteps
 from tapeworks.engine.epoch import FitEpochs
 from tapeworks.engine.inputs import data_stage as data_stage_lib
 from tapeworks.engine.plan import measuring
-from tapeworks.engine.progress import resolve_verbose
+from tapeworks.engine.progress import announce, resolve_verbose
 from tapeworks.engine.resume import resume as resume_lib
 from tapeworks.engine.step import model_step, replicas, updater
 from tapeworks.engine.step import task as task_lib
@@ -243,6 +243,7 @@ class Trainer(evaluation.EvaluateAndPredict):
         self.checkpoint_saves = []  # a run_checkpoint.SaveRecord per save of the last fit
         self._calls = None         # the CallLoop, made at the first fit (after the build)
         self._setup_checked = False
+        self._eager_said = False   # the one line on why the step runs eagerly (config)
         self._lr_watch = fit_checks.LearningRateWatch(self.task.updates)
 
     def __getattr__(self, name):
@@ -424,6 +425,9 @@ class Trainer(evaluation.EvaluateAndPredict):
         batch_size = self.replication.global_batch(batch_size, global_batch_size)
         verbose = resolve_verbose(verbose)
         self.replication.announce(batch_size, verbose)
+        if self.config.run_eagerly_reason and not self._eager_said:
+            self._eager_said = True
+            announce(self.config.run_eagerly_reason, verbose)
         self.task.check_unchanged()
         data_stage_lib.check_epochs(epochs, initial_epoch, steps_per_epoch)
         data_stage_lib.check_validation_freq(validation_freq)

@@ -193,3 +193,28 @@ def test_turning_the_autotuning_model_off_changes_no_result():
         weights.append(model.get_weights())
     for inspected, untouched in zip(*weights):
         np.testing.assert_array_equal(inspected, untouched)
+
+
+def test_unshuffled_slices_are_warned_about_for_several_epochs_not_for_one():
+    import warnings
+
+    import keras
+
+    import tapeworks
+
+    def fitted(epochs):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False)
+        unshuffled = tf.data.Dataset.from_tensor_slices((X, Y.astype("float32"))).batch(100)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(unshuffled, epochs=epochs, verbose=0)
+        shown = [str(w.message) for w in caught
+                 if issubclass(w.category, tapeworks.TapeworksWarning)]
+        return shown, [f.code for f in trainer.data_findings]
+
+    shown, found = fitted(2)
+    assert len(shown) == 1 and "TD009" in shown[0] and found == ["TD009", "TD001"]
+    # One epoch: "every epoch sees them in their stored order" says nothing there.
+    shown, found = fitted(1)
+    assert shown == [] and found == ["TD009", "TD001"]

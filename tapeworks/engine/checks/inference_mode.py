@@ -199,16 +199,27 @@ def check_frozen_batchnorm(models):
     variance 1 everywhere), it normalises nothing: usually it was frozen
     before it was trained, or before pretrained weights were loaded.
     """
+    unset = []
     for layer in layers_of(models):
         if not isinstance(layer, keras.layers.BatchNormalization) or layer.trainable:
             continue
         with tf.init_scope():   # called while the step is traced: read the values eagerly
             mean, variance = layer.moving_mean.numpy(), layer.moving_variance.numpy()
         if (mean == 0).all() and (variance == 1).all():
-            warn(f"tapeworks: BatchNormalization `{layer.name}` is frozen (trainable=False), "
-                 "so it runs in inference mode with its moving statistics, and those were "
-                 "never computed (mean 0 and variance 1, their initial values): it does not "
-                 "normalise its input. Fix: load the pretrained weights (or train it) before "
-                 f"freezing it, or leave `{layer.name}` trainable so its statistics follow "
-                 "the data.", CorrectnessWarning,
-                 section="inference-mode")
+            unset.append(layer.name)
+    if not unset:
+        return
+    # One warning for them all: a frozen base of 52 such layers (MobileNetV2
+    # built without its weights) is one mistake, not 52.
+    if len(unset) == 1:
+        which, them = f"BatchNormalization `{unset[0]}` is", f"`{unset[0]}`"
+    else:
+        shown = ", ".join(f"`{name}`" for name in unset[:3])
+        more = f" and {len(unset) - 3} more" if len(unset) > 3 else ""
+        which = f"{len(unset)} BatchNormalization layers ({shown}{more}) are"
+        them = "them"
+    warn(f"tapeworks: {which} frozen (trainable=False), so they run in inference mode with "
+         "their moving statistics, and those were never computed (mean 0 and variance 1, "
+         "their initial values): they do not normalise their input. Fix: load the "
+         f"pretrained weights (or train them) before freezing, or leave {them} trainable so "
+         "the statistics follow the data.", CorrectnessWarning, section="inference-mode")

@@ -111,6 +111,8 @@ class DataStage:
         # The input planner of the last built pipeline fitted on (a weak reference
         # to that pipeline, the planner): measuring goes on across fit calls.
         self._input_planning = (None, None)
+        # Epochs the fit being prepared runs (1: a finding about epochs is not said).
+        self._epochs_to_run = None
 
     @property
     def input_planner(self):
@@ -126,6 +128,7 @@ class DataStage:
         once); `plan_input`: choose how a `tapeworks.data.pipeline` runs by
         measurement (not when resuming: the data position is the checkpoint's).
         """
+        self._epochs_to_run = epochs_to_run
         train, validation = self._for_fit(
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
             class_weight=class_weight, steps_per_epoch=steps_per_epoch,
@@ -283,6 +286,12 @@ class DataStage:
                 if finding.category == "performance" and in_memory:
                     # Slicing tensors held in memory costs microseconds a batch:
                     # a prefetch or parallel hint cannot matter there.
+                    continue
+                if finding.code == "TD009" and self._epochs_to_run == 1:
+                    # "Every epoch sees them in their stored order" says nothing
+                    # about a fit of one epoch, whose order may well be shuffled
+                    # already (Keras' CTC example shuffles with pandas first):
+                    # kept in the findings, not warned.
                     continue
                 warn(f"tapeworks data check: {finding}", _WARNING[finding.category])
             if untuned:

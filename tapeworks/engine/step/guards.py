@@ -155,7 +155,10 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
     inputs = _declared_inputs(model)
     if inputs is None:
         return
-    x_flat = _by_input_name(x_spec, inputs) or tf.nest.flatten(x_spec)
+    by_name = _by_input_name(x_spec, inputs)
+    x_flat = by_name or tf.nest.flatten(x_spec)
+    labels = ([f"Input `{tensor.name}`" for tensor in inputs] if by_name
+              else [f"Input {i}" for i in range(len(x_flat))])
     if len(x_flat) != len(inputs):
         raise DataSpecError(
             f"`{name}` gives the model {len(x_flat)} input tensor(s) "
@@ -163,11 +166,13 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
             f"`{model.name}`: {_describe_inputs(inputs)}. Fix: yield x with "
             "one tensor per model input, in the order of `model.inputs`."
         )
-    for i, (spec, expected) in enumerate(zip(x_flat, inputs)):
+    for label, spec, expected in zip(labels, x_flat, inputs):
         if not isinstance(spec, tf.TensorSpec):
             continue
         want_shape = list(expected.shape)
         got_shape = spec.shape.as_list() if spec.shape.rank is not None else None
+        if got_shape is not None:
+            got_shape = keras_adjusted_shape(got_shape, want_shape)
         problem = None
         if got_shape is not None and len(got_shape) != len(want_shape):
             problem = f"rank {len(got_shape)} instead of {len(want_shape)}"
@@ -180,11 +185,26 @@ def check_data_spec(element_spec, model, needs_targets=True, name="data"):
             problem = f"dtype {spec.dtype.name} instead of {expected.dtype}"
         if problem:
             raise DataSpecError(
-                f"Input {i} of `{name}` does not fit `{model.name}`: it has "
+                f"{label} of `{name}` does not fit `{model.name}`: it has "
                 f"{problem}. Expected {_describe_inputs(inputs)}; received "
                 f"{_describe(x_spec)}. Fix: reshape or cast the data in the "
                 "input pipeline (or change the model's Input)."
             )
+
+
+def keras_adjusted_shape(got, want):
+    """`got` as Keras' Functional models feed it to an Input of shape `want`.
+
+    Keras (`Functional._adjust_input_rank`) expands a last axis of 1 the data
+    lacks (features of shape `(batch,)` for an `Input((1,))`: a CSV column)
+    and squeezes one it has beyond the Input's rank.
+    """
+    got = list(got)
+    if len(got) == len(want) - 1 and want and want[-1] == 1:
+        return got + [1]
+    if len(got) == len(want) + 1 and got and got[-1] == 1:
+        return got[:-1]
+    return got
 
 
 def _by_input_name(x_spec, inputs):
@@ -242,15 +262,26 @@ def check_array_inputs(x, model, name="x"):
     axis), not the shape of a batch made from it.
     """
     inputs = _declared_inputs(model)
-    flat = tf.nest.flatten(x)
-    if inputs is None or len(flat) != len(inputs):
+    if inputs is None:
+        return
+    if isinstance(x, dict):
+        # As Keras reads a dict: by the inputs' names (`tf.nest.flatten` would
+        # sort the keys, and pair `body` with an input named `title`).
+        flat = _by_input_name(x, inputs)
+        if flat is None:
+            return   # check_data_spec reports keys that name no input
+        labels = [f"Input `{tensor.name}` of `{name}`" for tensor in inputs]
+    else:
+        flat = tf.nest.flatten(x)
+        labels = [f"`{name}`" if len(flat) == 1 else f"Input {i} of `{name}`"
+                  for i in range(len(flat))]
+    if len(flat) != len(inputs):
         return   # check_data_spec reports a wrong number of inputs
-    for i, (array, expected) in enumerate(zip(flat, inputs)):
+    for array, expected, label in zip(flat, inputs, labels):
         if isinstance(array, tf.RaggedTensor):
             continue   # rows of different lengths: the batch spec check covers them
-        got = tuple(int(d) for d in np.shape(array))
         want = list(expected.shape)
-        label = f"`{name}`" if len(flat) == 1 else f"Input {i} of `{name}`"
+        got = tuple(keras_adjusted_shape([int(d) for d in np.shape(array)], want))
         if len(got) == len(want) - 1 and all(
                 w is None or g == w for g, w in zip(got, want[1:])):
             raise DataSpecError(

@@ -106,6 +106,51 @@ def test_arrays_of_the_wrong_width_name_the_shape_passed():
                              lambda t: t.fit(np.zeros((20, 5), "float32"), LABELS, verbose=0))
 
 
+def three_named_inputs():
+    """The ticket model of Keras' functional API guide: inputs declared title, body, tags."""
+    title = keras.Input((4,), name="title")
+    body = keras.Input((6,), name="body")
+    tags = keras.Input((12,), name="tags")
+    joined = keras.layers.Concatenate()([title, body, tags])
+    model = keras.Model([title, body, tags], keras.layers.Dense(1)(joined))
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_a_dict_of_arrays_is_matched_to_the_inputs_by_name():
+    # Sorted keys (body, tags, title) are not the declared order: Keras reads by name.
+    x = {"title": np.ones((8, 4), "float32"), "body": np.ones((8, 6), "float32"),
+         "tags": np.ones((8, 12), "float32")}
+    trainer = tapeworks.Trainer(three_named_inputs(), jit_compile=False)
+    history = trainer.fit(x, np.ones((8, 1), "float32"), batch_size=4, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    # A wrong width is named by the input's name.
+    raises_and_keeps_weights(
+        three_named_inputs(), DataSpecError, r"Input `tags` of `x` has shape \(8, 10\)",
+        lambda t: t.fit(dict(x, tags=np.ones((8, 10), "float32")), np.ones((8, 1), "float32"),
+                        verbose=0))
+
+
+def test_features_without_the_inputs_last_axis_of_one_are_fed_as_keras_feeds_them():
+    # Keras' structured-data example: a CSV's columns, each of shape (batch,), for
+    # Inputs of shape (1,); Keras expands the last axis, and so is it checked.
+    age, thal = keras.Input((1,), name="age"), keras.Input((1,), name="thal")
+    model = keras.Model([age, thal], keras.layers.Dense(1)(
+        keras.layers.Concatenate()([age, thal])))
+    model.compile("sgd", "mse")
+    columns = {"age": np.arange(8, dtype="float32"), "thal": np.ones(8, "float32")}
+    dataset = tf.data.Dataset.from_tensor_slices((columns, np.ones(8, "float32"))).batch(4)
+    trainer = tapeworks.Trainer(model, jit_compile=False)
+    assert np.isfinite(trainer.fit(dataset, verbose=0).history["loss"][0])
+    assert np.isfinite(trainer.fit(columns, np.ones(8, "float32"), batch_size=4,
+                                   verbose=0).history["loss"][0])
+    # Two axes short is still refused, by the input's name.
+    with pytest.raises(DataSpecError, match="Input `age` of `x` does not fit"):
+        tapeworks.Trainer(keras.Model(age, keras.layers.Dense(1)(age)), "sgd", "mse").fit(
+            tf.data.Dataset.from_tensor_slices(({"age": np.ones((8, 1, 1, 1), "float32")},
+                                                np.ones(8))).batch(4), verbose=0)
+
+
 def test_a_generator_object_for_several_epochs_is_refused_before_training():
     def batches():
         for start in range(0, 20, 4):
