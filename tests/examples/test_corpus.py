@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 CLEAN_SCRIPTS = ["keras_subclass", "tf_imbalanced_data", "keras_functional"]
 
 
-def test_the_corpus_has_at_least_twelve_scripts_each_with_its_source_and_licence():
+def test_the_corpus_has_at_least_thirty_scripts_each_with_its_source_and_licence():
     names = examples.corpus_scripts()
-    assert len(names) >= 12
+    assert len(names) >= 30
     for name in names:
         with open(f"{examples.corpus_dir()}/{name}.py") as f:
             header = f.read(3000)
