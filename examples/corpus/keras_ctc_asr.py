@@ -1,7 +1,7 @@
 # Source: keras-team/keras-io, examples/audio/ctc_asr.py (Setup through "Training and
 # Evaluating"), commit ad4fc805f5e1a4a4c0bcdd416aa9feac6608fb6c (date not known here: the
-# keras-io snapshot is too large to fetch, and the file index gives no date). Licence:
-# Apache-2.0 (Copyright The Keras Authors).
+# keras-io snapshot is too large to fetch, and the file index gives no date).
+# Licence: Apache-2.0 (Copyright The Keras Authors).
 # Changed, and nothing else: the downloaded LJSpeech-1.1 folder -> a folder of the same layout
 # in a temporary directory (wavs/<id>.wav: mono 16-bit PCM at 22,050 Hz, written with
 # tf.audio.encode_wav; metadata.csv: "id|transcription|normalized transcription" lines,

@@ -1,7 +1,7 @@
 # Source: keras-team/keras-io, examples/nlp/ner_transformers.py (Setup through "Compile and fit
 # the model"), commit a72c25d44070de47f97dda830d0fc7668489be92 (date not known here: the
-# keras-io snapshot is too large to fetch, and the file index gives no date). Licence:
-# Apache-2.0 (Copyright The Keras Authors).
+# keras-io snapshot is too large to fetch, and the file index gives no date).
+# Licence: Apache-2.0 (Copyright The Keras Authors).
 # Changed, and nothing else: load_dataset("conll2003") (Hugging Face `datasets`, not installed
 # here, and a download) -> conll_data, a stand-in of the same structure (splits "train" and
 # "validation"; records with "tokens", a list of str, and "ner_tags", ints 0-8, mostly 0 as in

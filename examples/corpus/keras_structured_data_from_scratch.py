@@ -1,8 +1,8 @@
 # Source: keras-team/keras-io, examples/structured_data/structured_data_classification_from_scratch.py
 # (Setup through "Train the model"), commit b0d68751937c4e87063b1267e6562a70481d879f (date not
 # known here: the keras-io snapshot is too large to fetch, and the file index gives no date;
-# this is the TensorFlow version with raw dict inputs, thal as a string Input). Licence:
-# Apache-2.0 (Copyright The Keras Authors).
+# this is the TensorFlow version with raw dict inputs, thal as a string Input).
+# Licence: Apache-2.0 (Copyright The Keras Authors).
 # Changed, and nothing else: the downloaded heart.csv -> a CSV of the same 14 columns, names and
 # kinds of values (age, sex, cp, trestbps, chol, fbs, restecg, thalach, exang, slope, ca,
 # target: integers; oldpeak: one-decimal floats; thal: the strings "fixed", "normal",

@@ -1,8 +1,8 @@
 # Source: keras-team/keras, examples/keras_io/timeseries/timeseries_classification_from_scratch.py
 # (all code; the Keras 3 port of keras-io's examples/timeseries/
 # timeseries_classification_from_scratch.py, kept in keras-team/keras until e5dad39 removed the
-# keras-io copies), commit bc4308ce1c0cbd322117ad90a5ce0ca710495913 (2023-11-03). Licence:
-# Apache-2.0 (keras-team/keras' licence; the example's author: hfawaz).
+# keras-io copies), commit bc4308ce1c0cbd322117ad90a5ce0ca710495913 (2023-11-03).
+# Licence: Apache-2.0 (keras-team/keras' licence; the example's author: hfawaz).
 # Changed, and nothing else: the FordA_TRAIN.tsv / FordA_TEST.tsv downloads -> TSV files of the
 # same layout (label -1 or 1 in the first column, then 500 z-normalised float values a row) written
 # in a temporary folder and read by the example's own readucr(), size(800, 128) training and

@@ -60,17 +60,7 @@ class PlanCache:
         crash, another program or a hand edit left invalid is removed with a
         warning naming the file and the field, and the plan is measured again.
         """
-        path = self._path(key)
-        try:
-            with open(path, encoding="utf-8") as f:
-                plan = json.load(f)
-            check_plan(plan)
-            return plan
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
-            _discard(path, error)
-            return None
+        return self._read(self._path(key), check_plan)
 
     def put(self, key, jit_compile, steps_per_call, reason, description, memory=None):
         """Stores a plan atomically (write a temporary file, then rename it over the old).
@@ -78,20 +68,11 @@ class PlanCache:
         `memory` (`CallPlanner.memory`): the XLA modes not tried yet and what
         the next run needs to decide on them, or None.
         """
-        plan = {"format": FORMAT, "jit_compile": jit_compile, "steps_per_call": steps_per_call,
-                "reason": reason, "created": datetime.datetime.now().isoformat(timespec="seconds"),
-                "what": description}
+        plan = {"jit_compile": jit_compile, "steps_per_call": steps_per_call,
+                "reason": reason, "what": description}
         if memory:
             plan["memory"] = memory
-        try:
-            os.makedirs(self.folder, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(handle, "w", encoding="utf-8") as f:
-                json.dump(plan, f, indent=1, default=str)
-            os.replace(temporary, self._path(key))
-        except OSError as error:
-            # A read-only home or a full disk must not stop training.
-            logger.warning("could not write the plan cache in %s (%s)", self.folder, error)
+        self._write(self._path(key), plan)
 
     def get_record(self, kind, key):
         """The JSON object stored by `put_record(kind, key, ...)`, or None (absent, unreadable).
@@ -99,30 +80,39 @@ class PlanCache:
         A record that does not parse, or is not an object, is removed with a
         warning; the caller validates its fields.
         """
-        path = os.path.join(self.folder, f"{kind}-{key}.json")
+        return self._read(self._record_path(kind, key), _check_record)
+
+    def put_record(self, kind, key, record):
+        """Stores another kind of choice (`kind`: "precision") beside the plans, atomically."""
+        self._write(self._record_path(kind, key), record)
+
+    def _record_path(self, kind, key):
+        return os.path.join(self.folder, f"{kind}-{key}.json")
+
+    @staticmethod
+    def _read(path, check):
         try:
             with open(path, encoding="utf-8") as f:
-                record = json.load(f)
-            if not isinstance(record, dict) or record.get("format") != FORMAT:
-                raise ValueError("not a record of this format")
-            return record
+                content = json.load(f)
+            check(content)
+            return content
         except FileNotFoundError:
             return None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as error:
             _discard(path, error)
             return None
 
-    def put_record(self, kind, key, record):
-        """Stores another kind of choice (`kind`: "precision") beside the plans, atomically."""
-        record = dict(record, format=FORMAT,
-                      created=datetime.datetime.now().isoformat(timespec="seconds"))
+    def _write(self, path, content):
+        content = dict(content, format=FORMAT,
+                       created=datetime.datetime.now().isoformat(timespec="seconds"))
         try:
             os.makedirs(self.folder, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8") as f:
-                json.dump(record, f, indent=1, default=str)
-            os.replace(temporary, os.path.join(self.folder, f"{kind}-{key}.json"))
+                json.dump(content, f, indent=1, default=str)
+            os.replace(temporary, path)
         except OSError as error:
+            # A read-only home or a full disk must not stop training.
             logger.warning("could not write the plan cache in %s (%s)", self.folder, error)
 
     def entries(self):
@@ -173,6 +163,11 @@ def _is_number(value, low=0.0):
 def _is_mode(value, modes=(True, False, "update")):
     # JSON's 1 and 0 are not true and false: `1 in (True, False)` is, so compare types.
     return any(type(value) is type(m) and value == m for m in modes)
+
+
+def _check_record(record):
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError("not a record of this format")
 
 
 def check_plan(plan):

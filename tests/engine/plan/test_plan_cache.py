@@ -66,13 +66,19 @@ def _trainer(folder, **options):
                              **options)
 
 
+def _measured(folder, x, y):
+    """A trainer that fitted until "auto" chose (and stored) its plan."""
+    trainer = _trainer(folder)
+    for _ in range(20):
+        trainer.fit((x, y), batch_size=10, epochs=2, verbose=0)
+        if not trainer.tuning["reason"] == "still measuring":
+            break
+    return trainer
+
+
 def test_a_second_run_starts_in_the_stored_plan(tmp_path):
     x, y = models.regression_data(n=400)
-    first = _trainer(str(tmp_path))
-    for _ in range(20):
-        first.fit((x, y), batch_size=10, epochs=2, verbose=0)
-        if not first.tuning["reason"] == "still measuring":
-            break
+    first = _measured(str(tmp_path), x, y)
     chosen = (first.tuning["jit_compile"], first.tuning["steps_per_call"])
     assert not first.tuning["from_cache"]
     second = _trainer(str(tmp_path))
@@ -233,11 +239,7 @@ def test_every_field_read_from_disk_is_checked(tmp_path, change, says):
 
 def test_a_trainer_given_an_invalid_stored_plan_measures_again(tmp_path):
     x, y = models.regression_data(n=400)
-    first = _trainer(str(tmp_path))
-    for _ in range(20):
-        first.fit((x, y), batch_size=10, epochs=2, verbose=0)
-        if not first.tuning["reason"] == "still measuring":
-            break
+    _measured(str(tmp_path), x, y)
     [name] = [n for n in os.listdir(tmp_path) if n.endswith(".json")]
     with open(tmp_path / name) as f:
         stored = json.load(f)
