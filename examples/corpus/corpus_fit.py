@@ -16,7 +16,8 @@ This module is imported before TensorFlow, as a tapeworks user imports
 tapeworks before building a model, so tapeworks' XLA cache is on in that
 mode (see tapeworks/xla_cache.py). The last line a script prints is one
 JSON object: `fit` ("keras" or "tapeworks"), `history_keys` (sorted),
-`final_loss` (the last epoch's `loss`), `fit_seconds` (the wall time of the
+`final_loss` (the last epoch's `loss`, or of the first key that names a loss
+where the History has no `loss`; null where none does), `fit_seconds` (the wall time of the
 `fit` call alone) and `warnings` (the text of each tapeworks warning shown
 during the run, in order, each once).
 """
@@ -84,7 +85,11 @@ def fit(model, *args, **kwargs):
 
 def report(history):
     """Prints the run's one JSON line (see the module's docstring)."""
-    losses = history.history.get("loss") or [None]
+    # A History without "loss" (a GAN's d_loss and g_loss, a train_step that
+    # returns metrics only): its first key that names a loss, else None.
+    key = "loss" if "loss" in history.history else next(
+        (k for k in sorted(history.history) if "loss" in k), None)
+    losses = history.history.get(key) or [None]
     print(json.dumps({"fit": FIT, "history_keys": sorted(history.history),
                       "final_loss": None if losses[-1] is None else float(losses[-1]),
                       "fit_seconds": _fit_seconds, "warnings": list(_shown)}))

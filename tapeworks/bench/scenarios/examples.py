@@ -119,6 +119,12 @@ def warnings_in(stderr):
     return found
 
 
+def _median_loss(results):
+    """The median final loss of `results`, or None where a History has none to report."""
+    losses = [r["final_loss"] for r in results if r.get("final_loss") is not None]
+    return statistics.median(losses) if losses else None
+
+
 def _summary(name, runs):
     """One report row from a script's runs ({approach: [result, ...]})."""
     keras_runs, cold, warm = (runs[a] for a in APPROACHES)
@@ -147,8 +153,8 @@ def _summary(name, runs):
     if not row["same_history_keys"]:
         notes["tapeworks History keys"] = ", ".join(cold[0]["history_keys"])
         row["notes"] = notes
-    row["keras_loss"] = statistics.median(r["final_loss"] for r in keras_runs)
-    row["tapeworks_loss"] = statistics.median(r["final_loss"] for r in cold + warm)
+    row["keras_loss"] = _median_loss(keras_runs)
+    row["tapeworks_loss"] = _median_loss(cold + warm)
     seconds = {a: [r["fit_seconds"] for r in runs[a]] for a in APPROACHES}
     row["runs_seconds"] = seconds
     row["keras_s"] = statistics.median(seconds["keras"])

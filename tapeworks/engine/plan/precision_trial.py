@@ -9,18 +9,25 @@ only when both hold:
 
 - **faster**: its median seconds per step is at most float32's / `SPEED_MARGIN`;
 - **the same training**: over the measured steps, the mean loss of each call
-  (`CALLS` calls of `STEPS_PER_CALL` steps, more where a step is short) stays within `LOSS_TOLERANCE` of
-  float32's, relative to float32's (bfloat16 keeps 8 bits of mantissa: a
-  forward pass rounds at about 0.4%; 2% leaves room for a few steps of
-  training apart, and still catches a loss that bfloat16 moves or breaks).
+  (`CALLS` calls of `STEPS_PER_CALL` steps, more where a step is short) stays
+  within `LOSS_TOLERANCE` of float32's, relative to float32's (bfloat16 keeps
+  8 bits of mantissa: a forward pass rounds at about 0.4%; 2% leaves room for
+  a few steps of training apart, and still catches a loss that bfloat16 moves
+  or breaks).
 
-Otherwise float32, with the reason. Where the fit is too short to repay the
-trial (`MIN_FIT_STEPS`, counting the steps of the trainer's earlier fits),
-or its batches cannot be drawn again without changing
-the training (a generator, a pipeline that shuffles: `PreparedData.rebuild`
-is None), nothing is measured and float32 is kept, with that reason. The
-choice is stored in the plan cache (keyed like a plan, with the precision
-"auto"), so a later run of the same script skips the trial.
+Otherwise float32, with the reason.
+
+The trial's batches are drawn so that the training does not change: from a
+new copy of the data where one can be made (`PreparedData.rebuild`: arrays,
+an in-memory pipeline with nothing random), else, for an in-memory pipeline
+that shuffles, from the arrays it slices, read out of its graph
+(`pipeline_check.source_arrays`: no iterator started, so its shuffle's seeds
+do not advance). Where neither applies (a generator, a pipeline that reads
+files or maps), or the fit is too short to repay the trial (`MIN_FIT_STEPS`,
+counting the steps of the trainer's earlier fits), nothing is measured and
+float32 is kept, with that reason. The choice is stored in the plan cache
+(keyed like a plan, with the precision "auto"), so a later run of the same
+script skips the trial.
 """
 
 import dataclasses

@@ -141,11 +141,13 @@ class Measured(Float32):
     """
 
     measured = True
+    # A class attribute: a tuple set on a tf.Module would be tracked, and would
+    # add a node to the checkpoint Float32 does not have.
+    candidates = ("float32", "mixed_bfloat16")
 
     def __init__(self, reason="asked for"):
         super().__init__(reason)
         self.policy = "float32"
-        self.candidates = ("float32", "mixed_bfloat16")
         self.choice = None   # the PrecisionChoice, once decided
         # Not tracked by tf.Module (a plain namespace): the checkpoint's
         # "precision" entry must stay as Float32's, with no variables in it.
