@@ -11,10 +11,13 @@ from tapeworks.bench.scenarios import examples
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-# Three documented styles: a subclassed model on arrays with validation_split; a Sequential
+# Five documented styles: a subclassed model on arrays with validation_split; a Sequential
 # with class_weight, EarlyStopping and eleven metrics; a Functional model with residual adds
-# and two metrics.
-CLEAN_SCRIPTS = ["keras_subclass", "tf_imbalanced_data", "keras_functional"]
+# and two metrics; dict inputs whose sorted keys are not the inputs' order, with per-output
+# losses (tapeworks refused it once); CSV columns of shape (batch,) for Inputs of shape (1,),
+# with string features (refused once too).
+CLEAN_SCRIPTS = ["keras_subclass", "tf_imbalanced_data", "keras_functional",
+                 "keras_functional_multi_io", "keras_structured_data_from_scratch"]
 
 
 def test_the_corpus_has_at_least_thirty_scripts_each_with_its_source_and_licence():
