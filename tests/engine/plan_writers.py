@@ -11,4 +11,5 @@ from tapeworks.engine.plan.plan_cache import PlanCache
 def write_many(folder, worker):
     cache = PlanCache(folder)
     for i in range(200):
-        cache.put("shared", bool(i % 2), worker * 1000 + i, "race", {"worker": worker})
+        # Steps per call 1-200: values a run writes (the cache refuses others).
+        cache.put("shared", bool(i % 2), i + 1, "race", {"worker": worker})

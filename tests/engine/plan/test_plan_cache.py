@@ -57,7 +57,8 @@ def test_concurrent_writers_never_leave_half_a_file(tmp_path):
     for writer in writers:
         writer.join()
         assert writer.exitcode == 0
-    assert cache.get("shared")["steps_per_call"] % 1000 == 199
+    final = cache.get("shared")
+    assert final["steps_per_call"] == 200 and final["what"]["worker"] in (0, 1, 2)   # a last write
     assert [n for n in os.listdir(cache.folder) if n.endswith(".tmp")] == []
 
 
