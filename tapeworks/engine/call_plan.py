@@ -11,8 +11,8 @@ import types
 
 from tapeworks.engine import config as config_lib
 from tapeworks.engine.plan import autotune, precision_trial
-from tapeworks.engine.progress import announce
 from tapeworks.engine.plan import plan_cache as plan_cache_lib
+from tapeworks.engine.progress import announce
 from tapeworks.engine.step import replicas
 from tapeworks.errors import TapeworksWarning, warn
 
@@ -125,9 +125,12 @@ class CallPlan:
             if why is None and replicas.is_replicated(self.strategy):
                 why = "several replicas: not measured"
             if why is not None:
-                if why != precision.reason:
-                    precision.reason = why
+                # Said once per trainer: a fit-per-epoch loop would repeat it with
+                # a new step count at every fit.
+                if not precision.waiting_said:
+                    precision.waiting_said = True
                     announce(f"precision=float32 ({why})", verbose)
+                precision.reason = why
                 return
             with open_trial() as trial:
                 choice = precision_trial.measure(trial, train, precision)

@@ -149,6 +149,7 @@ class Measured(Float32):
         super().__init__(reason)
         self.policy = "float32"
         self.choice = None   # the PrecisionChoice, once decided
+        self.waiting_said = False   # why it is not measured yet, said once
         # Not tracked by tf.Module (a plain namespace): the checkpoint's
         # "precision" entry must stay as Float32's, with no variables in it.
         self._held = types.SimpleNamespace(models=[], changed=[])

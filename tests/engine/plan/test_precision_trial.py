@@ -153,7 +153,10 @@ def test_short_fits_train_in_float32_until_their_steps_add_up(native_bf16, capsy
     assert not trainer.precision.decided and trainer.precision.policy == "float32"
     assert "too few to repay measuring" in capsys.readouterr().out
     assert m.layers[0].dtype_policy.name == "float32"
-    trainer.fit(x, y, batch_size=32, epochs=15, verbose=0)   # 10 + 150 steps
+    trainer.fit(x, y, batch_size=32, epochs=1, verbose=1)   # 20 steps: said once only
+    assert "too few to repay measuring" not in capsys.readouterr().out
+    assert "20 steps so far" in trainer.precision.reason
+    trainer.fit(x, y, batch_size=32, epochs=15, verbose=0)   # 20 + 150 steps
     assert trainer.precision.decided
     assert trainer.tuning["precision"]["reason"].startswith("measured")
 
