@@ -499,7 +499,8 @@ class Trainer(evaluation.EvaluateAndPredict):
                     state.finalize()
                 run.finish(calls.host_step, batches, max(epochs, initial_epoch))
                 plan.end_fit()
-                xla_cache.record_checksums()   # of what XLA compiled in this fit
+                if any(key.mode in (True, "update") for key in self.compiled.keys()):
+                    xla_cache.record_checksums()   # of what XLA compiled in this fit
                 callback_list.on_train_end(training_logs)
                 return self.model.history
             finally:
