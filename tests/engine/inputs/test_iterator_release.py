@@ -1,5 +1,6 @@
 """tf.data iterators tapeworks is done with are let go on a thread of their own (`iterator_release`)."""
 
+import sys
 import threading
 import time
 import weakref
@@ -42,7 +43,11 @@ def test_a_reference_kept_elsewhere_keeps_the_iterator_alive():
     seen = []
     kept = Recorded(seen)
     iterator_release.release(kept)
-    time.sleep(iterator_release.HANDOVER_SECONDS + 0.2)
+    # The thread waits HANDOVER_SECONDS (counted in its 1 ms sleeps, longer on a
+    # loaded machine) and lets go of its own reference: ours is then the only
+    # one (2: the name and getrefcount's argument).
+    assert _wait_for(lambda: sys.getrefcount(kept) == 2,
+                     seconds=20 * iterator_release.HANDOVER_SECONDS)
     assert seen == []       # the release thread let go of its own reference only
     del kept
     assert seen == [threading.current_thread().name]
