@@ -24,6 +24,10 @@ from tapeworks.engine.checks import nonfinite as nonfinite_lib
 from tapeworks.engine.checks import value_checks
 from tapeworks.errors import DataSpecError
 
+# A fit with at most this many steps left runs each as one call, without the
+# loop (`CallLoop.few_steps_left`); evaluation's FEW_BATCHES is its twin.
+FEW_STEPS = 8
+
 logger = logging.getLogger("tapeworks")
 
 
@@ -41,6 +45,8 @@ class CallLoop:
         self.plan = plan
         self.compiled = compiled
         self.state = state
+        self.few_steps = None   # this fit runs each step as one call (`few_steps_left`)
+        self.fits = 0
         self.config = config
         self.replication = replication
         self.rollback = rollback      # rollback.RollbackPath
@@ -59,6 +65,8 @@ class CallLoop:
         self.host_step = 0            # the step counter as the host last knew it
 
     def start_fit(self):
+        self.few_steps = None
+        self.fits += 1
         # `value()`: the read alone (`numpy()` adds an Identity op, whose int64
         # kernel's first use cost 3 ms of a fresh process' fit, AMD EPYC).
         self.host_step = int(self.state.counters.step.value())
@@ -86,10 +94,16 @@ class CallLoop:
             planner.reconsider()
             planned = planner.next_call()
             num_steps = planned.steps
+            if self.few_steps is None:
+                # Decided at the fit's first call, for the whole fit.
+                self.few_steps = self.few_steps_left(length, planner.remaining_steps)
+            few = self.few_steps
             if epoch_steps:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
+            if few:
+                num_steps = 1
             monitored, num_steps = self.monitor.steps_of_call(self.host_step, num_steps)
             iterator = batches.iterator()
             # The planner times each call with the host's work for it (the
@@ -97,8 +111,12 @@ class CallLoop:
             iteration_start = time.perf_counter()
             callbacks.on_train_batch_begin(steps_done)
             try:
-                ran, samples, call_logs, seconds = self.run_call(
-                    planned, iterator, num_steps, steps_done, monitored, batches)
+                if few:
+                    ran, samples, call_logs, seconds = self.first_step(
+                        self.few_steps_mode(planned), iterator, steps_done, bool(monitored))
+                else:
+                    ran, samples, call_logs, seconds = self.run_call(
+                        planned, iterator, num_steps, steps_done, monitored, batches)
             except tf.errors.DataLossError as error:
                 # tf.data names neither the file nor the record: find them.
                 raise sources.corruption_error(batches.prepared.dataset, error) from error
@@ -118,15 +136,17 @@ class CallLoop:
                 logs = call_logs
                 restarted = False
                 callbacks.on_train_batch_end(steps_done - 1, logs)
-                progress.update(steps_done, samples_done, logs, planner.status())
+                progress.update(steps_done, samples_done, logs,
+                                None if few else planner.status())
                 run.after_call(self.host_step, batches, epoch, steps_done, samples_done,
                                epoch_ends=bool(epoch_steps) and steps_done >= epoch_steps)
                 # A monitored call is measured too: one monitored step in a
                 # call is part of what training with the monitor costs. The
                 # host's share: this iteration's time outside the call.
                 host_seconds = time.perf_counter() - iteration_start - seconds
-                planner.record(planned, num_steps, ran, samples,
-                               seconds + (host_seconds if seconds else 0.0))
+                if not few:
+                    planner.record(planned, num_steps, ran, samples,
+                                   seconds + (host_seconds if seconds else 0.0))
                 if self.state.task.model.stop_training:
                     break
             if ran < num_steps:
@@ -142,6 +162,29 @@ class CallLoop:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
         self.cross_entropy.after_epoch(epoch, logs, batches.prepared.name)
         return EpochResult(steps_done, samples_done, logs)
+
+    def few_steps_left(self, length, remaining):
+        """Whether a fit of `remaining` steps is short enough to run each step as one call.
+
+        Asked at the fit's first call; known only for data of known length.
+        The loop's `tf.while_loop` and `tf.cond` cost tracing and a first
+        call that a few steps never repay (a GAN's one-step fit traced 0.6 s
+        longer in the loop than Keras' one step, profiled, AMD EPYC): such a
+        fit runs each step as Keras runs
+        it at `steps_per_execution=1`, the batch drawn on the host and the
+        compiled step called on it (`first_step`), and measures nothing. A
+        longer fit never switches at its end: that would trace a second
+        function for its last steps. Only a trainer's first fit, from step
+        0: a script that calls `fit` again and again (one epoch each) is
+        measured from its second fit on, as before, and its loop reuses the
+        step traced here.
+        """
+        return (bool(length) and remaining is not None and remaining <= FEW_STEPS
+                and self.fits == 1 and self.host_step == 0 and not self.config.run_eagerly)
+
+    def few_steps_mode(self, planned):
+        """The mode of a few-step fit's calls: the one fixed, else tf.function (Keras' default)."""
+        return False if self.config.jit_compile == "auto" else planned.jit
 
     def run_call(self, planned, iterator, num_steps, steps_done=0, monitored=None,
                  batches=None):

@@ -158,7 +158,13 @@ class CompiledSteps:
         return self._cached(StepKey(kind + "_step", mode, monitored, checks_finite), build)
 
     def _own_step(self, kind, mode, checks_finite):
-        """The model's own `train_step` or `test_step`, compiled as Keras compiles it."""
+        """The model's own `train_step` or `test_step`, compiled as Keras compiles it.
+
+        Without AutoGraph, as Keras 3 runs it (`one_step_on_data` is marked
+        `do_not_convert`): a `print` in it prints once, at the trace, and an
+        `if` over a tensor fails as it fails in Keras. Converting it cost a
+        second of tracing on a GAN's step, and changed what the code does.
+        """
         guard = self.state.guard
         if kind == "train":
             one = model_step.make_train_step(
@@ -167,7 +173,7 @@ class CompiledSteps:
         else:
             one = model_step.make_test_step(self.task)
         return step.compile_step(self._count_traces(one, f"{kind}_step"),
-                                 jit_compile=mode is True, autograph=True,
+                                 jit_compile=mode is True,
                                  run_eagerly=self.config.run_eagerly or self.replicated)
 
     def replicated_step(self, kind, mode, *, monitored=False, checks_finite=True):
@@ -267,11 +273,19 @@ class CompiledSteps:
         for key in [k for k in self._functions if k.monitored]:
             del self._functions[key]
 
+    def kinds(self):
+        """The kinds of function built so far ("train_step", "train_loop", ...), in order."""
+        return [key.kind for key in self._functions]
+
     def train_concrete_functions(self):
-        """Every concrete function traced for the train loops (for a graph walk)."""
+        """Every concrete function traced for training (for a graph walk).
+
+        The loops, and the steps: a first fit of a few steps calls the step
+        alone (`CallLoop.few_steps_left`).
+        """
         functions = []
         for key, fn in self._functions.items():
-            if key.kind == "train_loop":
+            if key.kind in ("train_loop", "train_step"):
                 functions.extend(step.concrete_functions(fn))
         return functions
 

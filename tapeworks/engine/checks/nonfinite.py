@@ -171,20 +171,20 @@ class NonFiniteReport:
     update: str
     loss_terms: dict           # name -> value of each loss term on the batch (eager)
     bad_data: list             # descriptions of NaN/Inf found in the batch itself
-    first_layer: LayerOutput = None
-    first_gradient: str = None
-    batch_file: str = None
+    first_layer: LayerOutput | None = None
+    first_gradient: str | None = None
+    batch_file: str | None = None
     batch_stats: list = dataclasses.field(default_factory=list)
-    loss_term: str = None      # a non-finite loss term while every layer output is finite
+    loss_term: str | None = None   # a non-finite loss term while every layer output is finite
     largest_output: float = float("nan")   # the largest finite magnitude of any layer output
     # At the kept weights on this batch: the gradients' global norm over their
     # finite values (in Python floats), the variable with the largest, and the sum over
     # variables of their largest finite magnitudes (the history's measure or
     # less: see `gradient_health.GradientSize`).
     gradient_norm: float = float("nan")
-    largest_gradient: str = None
+    largest_gradient: str | None = None
     gradient_size: float = float("nan")
-    growth: tuple = None       # (earliest, latest) `GradientSize` when they grew EXPLODED-fold
+    growth: tuple | None = None    # (earliest, latest) `GradientSize` when they grew EXPLODED-fold
     batch_largest: float = float("nan")   # the largest finite magnitude in the batch's inputs
 
 
@@ -260,7 +260,7 @@ class NonFinitePolicy:
                 self.task.logs.results("train").items()}
         text = model_step.nonfinite_message(
             logs, step, int(self.counters.epoch.numpy()), batch_index,
-            _save_batch(_named_tensors(self.local_batch(batch)), step, self.directory))
+            save_batch(_named_tensors(self.local_batch(batch)), step, self.directory))
         if self.stop_training:
             warn(f"tapeworks: {text} Training stopped (TerminateOnNaN).", CorrectnessWarning)
             self.task.model.stop_training = True
@@ -294,7 +294,7 @@ def localise(task, batch, counters, *, step, epoch, batch_index, directory=None,
     report = NonFiniteReport(step=step, epoch=epoch, batch=batch_index, update="?",
                              loss_terms={}, bad_data=bad_data,
                              batch_stats=[_describe(name, value) for name, value in flat])
-    report.batch_file = _save_batch(flat, step, directory)
+    report.batch_file = save_batch(flat, step, directory)
     report.batch_largest = max((max(abs(v) for v in _finite_range(value)) for name, value in flat
                                 if name.startswith("x") and np.issubdtype(value.dtype, np.number)
                                 and value.size), default=float("nan"))
@@ -579,8 +579,16 @@ def _describe(name, value):
     return f"{name} {value.dtype}{list(value.shape)} in [{low:.4g}, {high:.4g}]"
 
 
-def _save_batch(flat, step, directory):
-    directory = directory or os.path.join(tempfile.gettempdir(), "tapeworks")
+# Not "tapeworks": that folder in the temp directory shadowed the installed
+# package for `python -m tapeworks.cli` run there (a namespace package).
+NONFINITE_FOLDER = "tapeworks-nonfinite"
+
+
+def save_batch(flat, step, directory):
+    """Saves a non-finite step's named arrays as one .npz (None: in NONFINITE_FOLDER).
+
+    Returns its path, or None where the folder cannot be written."""
+    directory = directory or os.path.join(tempfile.gettempdir(), NONFINITE_FOLDER)
     try:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"nonfinite-step{step}-{int(time.time())}.npz")

@@ -227,7 +227,7 @@ class ModelStepTask(task_lib.SupervisedTask):
         """
         if not self._unbuilt():
             return
-        tf.function(self._traced_train_step).get_concrete_function(element_spec)
+        tf.function(self._traced_train_step, autograph=False).get_concrete_function(element_spec)
         self.reset_metrics()
 
     def _unbuilt(self):

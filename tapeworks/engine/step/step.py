@@ -233,9 +233,9 @@ def compile_step(step, *, jit_compile, run_eagerly, autograph=False):
 
     AutoGraph is off by default: tapeworks' step has no Python control flow
     over tensors, and errors raised while tracing (tapeworks' guards) then
-    reach the caller as they were raised. A model's own `train_step` is
-    compiled with it, as Keras' `make_train_function` compiles it (its
-    `if`/`for` over tensors become graph control flow).
+    reach the caller as they were raised. Keras 3 runs a model's own
+    `train_step` without it too (`do_not_convert`), so a user's step traces
+    the same code under both.
     """
     if run_eagerly:
         return step

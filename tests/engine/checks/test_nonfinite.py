@@ -352,3 +352,23 @@ def test_the_eager_verdict_is_the_graph_verdict(loss, norms, loss_scaled, expect
     assert bool(verdict_of(eager)) is expected
     assert bool(tf.function(lambda: verdict_of(graph), autograph=False)()) is expected
     assert int(eager.count.value()) == int(graph.count.value()) == (0 if expected else 1)
+
+
+def test_default_batch_folder_does_not_shadow_the_package(tmp_path, monkeypatch):
+    # The batch of a non-finite step goes to the temp directory by default;
+    # a folder there named "tapeworks" made `python -m tapeworks.cli` run
+    # from that directory import it (an empty namespace package) and fail.
+    import subprocess
+    import sys
+    import tempfile
+
+    from tapeworks.engine.checks import nonfinite
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = nonfinite.save_batch([("x", np.zeros(2, "float32"))], 0, None)
+    assert path is not None and path.startswith(str(tmp_path))
+    assert np.load(path)["x"].tolist() == [0.0, 0.0]
+    run = subprocess.run([sys.executable, "-m", "tapeworks.cli", "--version"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("tapeworks ")

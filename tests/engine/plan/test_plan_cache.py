@@ -127,6 +127,10 @@ def test_deterministic_auto_repeats_a_fixed_mode_run():
 def test_progress_line_shows_the_tuning_state_and_the_choice_once(capsys):
     x, y = models.regression_data(n=40)
     trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse")
+    # A first fit of 4 steps runs them one call each, measuring nothing
+    # (`CallLoop.few_steps_left`); the next fit measures.
+    trainer.fit((x, y), batch_size=10, epochs=1, verbose=2)
+    assert "tuning" not in capsys.readouterr().out
     trainer.fit((x, y), batch_size=10, epochs=1, verbose=2)
     assert "tuning 1/3" in capsys.readouterr().out
     for _ in range(60):

@@ -372,3 +372,28 @@ def test_keras_guides_custom_step_with_compiled_loss_and_metrics(jit_compile):
         X, Y, batch_size=4, epochs=2, shuffle=False, verbose=0, validation_data=(X[:8], Y[:8]))
     assert sorted(history.history) == ["loss", "mae", "val_loss", "val_mae"]
     assert_history_equal(expected, history, rtol=1e-5 if not jit_compile else 1e-4)
+
+
+class BranchesOnATensor(Regressor):
+    """A step with an `if` over a tensor, which Keras 3 does not convert (`do_not_convert`)."""
+
+    def train_step(self, data):
+        if tf.reduce_sum(data[0]) > 0:
+            return {"never": 0.0}
+        return super().train_step(data)
+
+
+@pytest.mark.parametrize("fit", ["keras", "tapeworks"])
+def test_an_if_over_a_tensor_in_an_own_step_fails_as_in_keras(fit):
+    # AutoGraph made it a tf.cond in tapeworks, and cost a second of tracing on a GAN.
+    model = BranchesOnATensor()
+    model.compile(keras.optimizers.SGD(0.1))
+    model(X[:1])
+    before = weights(model)
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError, match="Python `bool`"):
+        if fit == "keras":
+            model.fit(X, Y, batch_size=4, epochs=1, verbose=0)
+        else:
+            tapeworks.Trainer(model).fit(X, Y, batch_size=4, epochs=1, verbose=0)
+    for got, want in zip(weights(model), before):
+        np.testing.assert_array_equal(got, want)
