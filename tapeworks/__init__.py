@@ -5,6 +5,7 @@ CLI can configure TensorFlow's logging before TensorFlow is imported.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from tapeworks import xla_cache as _xla_cache
 
@@ -35,6 +36,22 @@ _EXPORTS = {
     "CorrectnessWarning": "tapeworks.errors",
     "PerformanceWarning": "tapeworks.errors",
 }
+
+if TYPE_CHECKING:
+    # What type checkers and the API reference (griffe) see; at run time the
+    # names load on first use, through `__getattr__` below (hence noqa: F401).
+    from tapeworks.engine.checks.nonfinite import NonFiniteError  # noqa: F401
+    from tapeworks.engine.resume.run_checkpoint import CheckpointError  # noqa: F401
+    from tapeworks.engine.step.capture import CaptureCallback  # noqa: F401
+    from tapeworks.engine.step.penalties import gradient_penalty  # noqa: F401
+    from tapeworks.engine.step.task import Task  # noqa: F401
+    from tapeworks.engine.step.updater import StepHooks  # noqa: F401
+    from tapeworks.engine.step.weighting import (  # noqa: F401
+        GradNorm, ScheduledWeights, StaticWeights, UncertaintyWeighting)
+    from tapeworks.engine.trainer import Trainer  # noqa: F401
+    from tapeworks.errors import (  # noqa: F401
+        ConfigError, CorrectnessWarning, DataSpecError, KerasLoopInStepError, LossError,
+        MissingGradientError, PerformanceWarning, TapeworksError, TapeworksWarning)
 
 # Subpackages, imported on first use too: `import tapeworks; tapeworks.data.pipeline`
 # works whatever was imported before.

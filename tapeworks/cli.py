@@ -78,6 +78,15 @@ def _bench(args):
         for name, scenario in harness.SCENARIOS.items():
             print(f"{name:12s} {scenario.description}")
         return 0
+    if args.redraw:
+        written = harness.redraw(args.redraw)
+        if not written:
+            print(f"tapeworks bench --redraw: no benchmark report (*.json with a chart) in "
+                  f"{args.redraw!r}. Expected a folder `tapeworks bench --out` wrote. Fix: "
+                  "name that folder.", file=sys.stderr)
+            return 2
+        print(f"Drew {', '.join(written)}")
+        return 0
     names = args.scenarios or list(harness.SCENARIOS)
     command = "tapeworks bench " + " ".join(sys.argv[2:])
     for name in names:
@@ -298,6 +307,9 @@ def build_parser():
     bench.add_argument("--repeats", type=int, default=5,
                        help="timed repeats per approach, >= 3 (default: %(default)s)")
     bench.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
+    bench.add_argument("--redraw", metavar="FOLDER",
+                       help="draw the charts of a results folder again from its JSON reports "
+                            "(the figures stay; only the pictures change), run nothing")
     bench.set_defaults(run=_bench)
 
     lint = verbs.add_parser(

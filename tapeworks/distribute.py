@@ -8,9 +8,12 @@ checks that the model and optimizer live in its scope, where their variables
 are mirrored.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -65,7 +68,7 @@ def choose(*, tf_config=None, gpus=None):
         "one device" + (" (one GPU)" if gpus == 1 else " (no GPU)"))
 
 
-def strategy():
+def strategy() -> tf.distribute.Strategy:
     """The strategy a tapeworks script should run under; call it first, build under its scope.
 
     Example:
@@ -159,7 +162,7 @@ def is_chief(strategy):
     return bool(strategy.extended.should_checkpoint)
 
 
-_AGREE = {}   # id(strategy) -> its traced agreement function
+_AGREE: dict[int, tuple[Any, Any]] = {}   # id(strategy) -> its traced agreement function
 
 
 def agreed_sum(strategy, values):
@@ -288,7 +291,9 @@ def per_replica_batch_size(global_batch_size, strategy=None):
     return global_batch_size // count
 
 
-def linear_scaling(base_learning_rate, base_batch_size, global_batch_size, warmup_steps=0):
+def linear_scaling(
+        base_learning_rate: float, base_batch_size: int, global_batch_size: int,
+        warmup_steps: int = 0) -> float | keras.optimizers.schedules.LearningRateSchedule:
     """The linear scaling rule with warm-up (Goyal et al., 2017), as a Keras schedule.
 
     A learning rate tuned at `base_batch_size` is multiplied by

@@ -72,8 +72,9 @@ class PerformanceWarning(TapeworksWarning):
     """Something that only costs time: a pipeline without prefetch, a sequential map."""
 
 
-# Where the guide explains a warning when its call names no section of its own:
-# the section of its category (docs/troubleshooting.md).
+# The guide's page of warnings (docs/warnings.md), and where it explains a
+# warning when its call names no section of its own: its category's section.
+WARNINGS_PAGE = "warnings"
 WARNING_SECTIONS = {"CorrectnessWarning": "CorrectnessWarning",
                     "PerformanceWarning": "CorrectnessWarning",
                     "TapeworksWarning": "warnings", "UserWarning": "warnings"}
@@ -83,8 +84,8 @@ def warn(message, category, section=None):
     """`warnings.warn`, attributed to the first caller outside tapeworks (the user's line).
 
     The message ends with where the guide explains it, as errors' do
-    (`see docs: troubleshooting#dead-gradients`): `section` is its anchor in
-    docs/troubleshooting.md, else its category's (`WARNING_SECTIONS`). A
+    (`see docs: warnings#dead-gradients`): `section` is its anchor in
+    docs/warnings.md, else its category's (`WARNING_SECTIONS`). A
     message that already points somewhere (a data check's finding code)
     keeps its own pointer.
 
@@ -97,7 +98,9 @@ def warn(message, category, section=None):
     if "see docs:" not in message:
         section = section or next((WARNING_SECTIONS[c.__name__] for c in category.__mro__
                                    if c.__name__ in WARNING_SECTIONS), "warnings")
-        message = f"{message} (see docs: {ERRORS_PAGE}#{section})"
+        # A warning about an error's case (on_nonfinite="warn") points to the error's section.
+        page = ERRORS_PAGE if section in DOCUMENTED_ERRORS else WARNINGS_PAGE
+        message = f"{message} (see docs: {page}#{section})"
     package = os.path.dirname(os.path.abspath(__file__))
     # stacklevel 1 is this function's own line; 2 its caller, and so on.
     level, frame = 2, sys._getframe(1)

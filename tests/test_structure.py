@@ -153,13 +153,31 @@ def is_private(name):
     return name.startswith("_") and not name.startswith("__")
 
 
+def _type_checking_only(tree):
+    """The ids of nodes under `if TYPE_CHECKING:`: never run, so no import at run time.
+
+    A lazily exporting package (`tapeworks`, `tapeworks.deploy`) imports its
+    names there for type checkers and the API reference; what it loads at run
+    time is still counted through its `_EXPORTS`.
+    """
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+                "TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            skipped |= {id(child) for stmt in node.body for child in ast.walk(stmt)}
+    return skipped
+
+
 def imported(source):
     """(line, what the statement names, tapeworks module it loads) of every import.
 
     Module-level and function-level imports alike, and `importlib.import_module`
-    with a literal name.
+    with a literal name; not those under `if TYPE_CHECKING:`.
     """
+    skipped = _type_checking_only(source.tree)
     for node in ast.walk(source.tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name, nearest_module(alias.name)

@@ -17,10 +17,16 @@ itself, which costs throughput where the training step shares the same CPU
 cores (`tapeworks bench input`, benchmarks/input.md).
 """
 
+from __future__ import annotations
+
 import inspect
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 from tapeworks.errors import ConfigError
 
@@ -33,7 +39,7 @@ DEFAULT_SHUFFLE_BUFFER = 10_000
 # elements in the same order; only the speed differs. Which is fastest depends
 # on the machine and on what else runs on its cores: the Trainer measures
 # them on epochs that train anyway (`tapeworks.engine.inputs.input_planner`).
-PARALLELISM = (
+PARALLELISM: tuple[tuple[str, dict[str, bool | int]], ...] = (
     ("tf.data autotune", {}),
     # The model off: AUTOTUNE stages run at tf.data's fixed default
     # parallelism, with no modelling thread timing every element.
@@ -48,12 +54,15 @@ PARALLELISM = (
 
 # The datasets `pipeline()` returned (weakly held): the ones whose options
 # tapeworks may set, since it made them and knows they set none of their own.
-_BUILT = weakref.WeakSet()
+_BUILT: weakref.WeakSet[tf.data.Dataset] = weakref.WeakSet()
 
 
-def pipeline(source, *, batch_size, training, map=None, augment=None, batch_augment=None,
-             shuffle=True, shuffle_buffer=None, cache=None, drop_remainder=None,
-             deterministic=None, seed=None):
+def pipeline(source: Any, *, batch_size: int, training: bool,
+             map: Callable[..., Any] | None = None, augment: Callable[..., Any] | None = None,
+             batch_augment: Callable[..., Any] | None = None, shuffle: bool = True,
+             shuffle_buffer: int | None = None, cache: str | None = None,
+             drop_remainder: bool | None = None, deterministic: bool | None = None,
+             seed: int | None = None) -> tf.data.Dataset:
     """Builds the input pipeline for `source`.
 
     Args:
@@ -213,7 +222,7 @@ def _augment(dataset, augment, seed, parallel, numbered):
     return tf.data.Dataset.zip((dataset, seeds)).map(call, **parallel)
 
 
-def without_autotuning(dataset):
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` with tf.data's autotuning model off: for data already in memory.
 
     The model times every element and re-plans in a background thread.

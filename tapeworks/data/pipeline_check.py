@@ -6,6 +6,8 @@ built by any code. Each finding has a stable code, the step it is about and
 the fix.
 """
 
+from __future__ import annotations
+
 import dataclasses
 
 import numpy as np
@@ -40,11 +42,11 @@ class Finding:
     fix: str
 
     @property
-    def category(self):
+    def category(self) -> str:
         """"correctness" or "performance" (see `CATEGORIES`)."""
         return CATEGORIES[self.code]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"{self.code} {self.message} (at {self.step}). Fix: {self.fix} "
                 f"({see_docs(self.code)})")
 
@@ -56,7 +58,7 @@ def dataset_graph(dataset):
     return tf.compat.v1.GraphDef.FromString(serialized.numpy())
 
 
-def check(dataset, training=None):
+def check(dataset: tf.data.Dataset, training: bool | None = None) -> list[Finding]:
     """Returns the list of `Finding`s for `dataset` (empty when nothing is wrong).
 
     Args:

@@ -4,15 +4,23 @@ Arrays and tensors need no helper: `pipeline()` slices them. Everything here
 returns a `tf.data.Dataset` of single examples, ready for `pipeline()`.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from tapeworks.errors import ConfigError, DataSpecError
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
-def write_tfrecords(path_prefix, features, shards=1):
+
+def write_tfrecords(path_prefix: str | os.PathLike[str], features: Mapping[str, Any],
+                    shards: int = 1
+                    ) -> tuple[list[str], dict[str, tuple[tuple[int, ...], tf.DType]]]:
     """Writes arrays as `tf.train.Example` records; returns (files, feature_spec).
 
     Args:
@@ -46,7 +54,10 @@ def write_tfrecords(path_prefix, features, shards=1):
     return files, spec
 
 
-def tfrecord_source(files, feature_spec, *, skip_corrupt=False, cycle_length=None):
+def tfrecord_source(files: str | Iterable[str],
+                    feature_spec: Mapping[str, tuple[Sequence[int], tf.DType]], *,
+                    skip_corrupt: bool = False,
+                    cycle_length: int | None = None) -> tf.data.Dataset:
     """Reads TFRecord files of `tf.train.Example`s, several files in parallel.
 
     Args:
@@ -70,10 +81,12 @@ def tfrecord_source(files, feature_spec, *, skip_corrupt=False, cycle_length=Non
                           "paths or a glob pattern that matches some.")
     parse_spec = {name: tf.io.FixedLenFeature(shape, dtype)
                   for name, (shape, dtype) in feature_spec.items()}
-    tfrecord_source.last_skipped = {}
+    # A function attribute, which mypy does not model: hence the ignores.
+    tfrecord_source.last_skipped = {}  # type: ignore[attr-defined]
     if skip_corrupt:
-        tfrecord_source.last_skipped = {f: p for f, p in locate_corruption(files).items()}
-        for path, problem in tfrecord_source.last_skipped.items():
+        skipped = {f: p for f, p in locate_corruption(files).items()}
+        tfrecord_source.last_skipped = skipped  # type: ignore[attr-defined]
+        for path, problem in skipped.items():
             tf.get_logger().warning("tapeworks: %s: skipping from record %d on (%s)",
                                     path, problem["record"], problem["error"])
 
@@ -88,10 +101,10 @@ def tfrecord_source(files, feature_spec, *, skip_corrupt=False, cycle_length=Non
                        num_parallel_calls=tf.data.AUTOTUNE)
 
 
-tfrecord_source.last_skipped = {}
+tfrecord_source.last_skipped = {}  # type: ignore[attr-defined]  # a function attribute
 
 
-def locate_corruption(files):
+def locate_corruption(files: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Reads each file record by record; returns {path: {"record", "error"}} for the bad ones.
 
     `record` is the index of the first record that could not be read (the
@@ -110,7 +123,7 @@ def locate_corruption(files):
     return found
 
 
-def generator_source(make, output_signature):
+def generator_source(make: Callable[[], Iterable[Any]], output_signature: Any) -> tf.data.Dataset:
     """Examples from a Python generator: `make()` returns a fresh generator each epoch."""
     if not callable(make):
         raise ConfigError("`make` must be a function returning a generator (so that every "
@@ -118,7 +131,8 @@ def generator_source(make, output_signature):
     return tf.data.Dataset.from_generator(make, output_signature=output_signature)
 
 
-def image_folder_source(folder, image_size, *, color_mode="rgb"):
+def image_folder_source(folder: str | os.PathLike[str], image_size: tuple[int, int], *,
+                        color_mode: str = "rgb") -> tuple[tf.data.Dataset, list[str]]:
     """(image, label) examples from `folder/<class name>/<image files>`.
 
     Keras' `image_dataset_from_directory` does the reading; tapeworks asks it

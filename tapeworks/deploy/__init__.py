@@ -7,6 +7,15 @@ format needs (a LiteRT model needs neither TensorFlow nor Keras).
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # What type checkers and the API reference (griffe) see; at run time the
+    # names load on first use, through `__getattr__` below (hence noqa: F401).
+    from tapeworks.deploy.artefact import FORMATS, export  # noqa: F401
+    from tapeworks.deploy.quantisation import LayerError  # noqa: F401
+    from tapeworks.deploy.registry import Registry, RegistryError, VersionInfo  # noqa: F401
+    from tapeworks.deploy.report import ExportError, ExportReport  # noqa: F401
 
 _EXPORTS = {"FORMATS": "tapeworks.deploy.artefact", "ExportError": "tapeworks.deploy.report",
             "ExportReport": "tapeworks.deploy.report", "export": "tapeworks.deploy.artefact",

@@ -27,12 +27,16 @@ layers lose the accuracy) and, unless `strict=True`, repaired by keeping the
 worst layers in float (`quantisation.py`).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import keras
 import numpy as np
@@ -49,9 +53,12 @@ FORMATS = ("saved_model", "keras", "tflite")
 QUANTIZE = (None, "dynamic", "float16", "int8")
 
 
-def export(model, path, format="saved_model", *, preprocessing=None, sample=None,
-           quantize=None, representative_data=None, validation_data=None, signatures=None,
-           overwrite=False, batch_size=32, strict=False):
+def export(model: keras.Model, path: str | os.PathLike[str], format: str = "saved_model", *,
+           preprocessing: keras.layers.Layer | Callable[..., Any] | None = None,
+           sample: Any = None, quantize: str | None = None, representative_data: Any = None,
+           validation_data: tuple[Any, Any] | list[Any] | None = None,
+           signatures: Mapping[str, Callable[..., Any]] | None = None, overwrite: bool = False,
+           batch_size: int = 32, strict: bool = False) -> ExportReport:
     """Writes `model` to `path` in `format`, verified; returns an `ExportReport`.
 
     Args:

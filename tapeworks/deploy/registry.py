@@ -35,6 +35,8 @@ it is loaded (so an init op never runs at publish), unless `allow_ops`
 names them.
 """
 
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import fcntl
@@ -45,12 +47,18 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tapeworks.deploy.graph_ops import UnsafeGraphError, check_ops
 from tapeworks.errors import TapeworksError
 from tapeworks.fileio import fsync_folder, process_alive, remove_abandoned
+
+if TYPE_CHECKING:
+    # Annotations only: the registry imports Keras where a Keras model is published.
+    import keras
 
 VERSION_FILE = "tapeworks-version.json"
 LOCK_FILE = ".tapeworks.lock"
@@ -70,15 +78,15 @@ class VersionInfo:
     name: str
     version: int
     path: str
-    label: str = None
-    created: str = None
-    metrics: dict = None
-    checkpoint: str = None
-    signatures: dict = None   # signature name -> {"inputs": {...}, "outputs": {...}}
-    sha256: str = None
-    source: str = None
+    label: str | None = None
+    created: str | None = None
+    metrics: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    signatures: dict[str, Any] | None = None   # name -> {"inputs": {...}, "outputs": {...}}
+    sha256: str | None = None
+    source: str | None = None
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("name", "path")}
 
 
@@ -234,7 +242,7 @@ class Registry:
         ```
     """
 
-    def __init__(self, root):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
 
     # Paths and locking -----------------------------------------------------
@@ -270,7 +278,7 @@ class Registry:
 
     # Reading ---------------------------------------------------------------
 
-    def models(self):
+    def models(self) -> list[str]:
         """The model names under the root, sorted."""
         try:
             entries = sorted(os.listdir(self.root))
@@ -279,7 +287,7 @@ class Registry:
         return [e for e in entries if NAME.match(e) and os.path.isdir(os.path.join(self.root, e))
                 and version_folders(os.path.join(self.root, e))]
 
-    def versions(self, name):
+    def versions(self, name: str) -> list[VersionInfo]:
         """Every published version of `name`, oldest first."""
         model_dir = self._model_dir(name)
         return [self._info(name, version, os.path.join(model_dir, folder))
@@ -290,7 +298,7 @@ class Registry:
         return VersionInfo(name=name, version=version, path=path,
                            **{k: v for k, v in recorded(path).items() if k in fields})
 
-    def show(self, name, version=None):
+    def show(self, name: str, version: int | None = None) -> VersionInfo:
         """One version's information (default: the current one)."""
         state = self._state(name)
         if version is None and state["current"] is None and self.versions(name):
@@ -304,10 +312,10 @@ class Registry:
                 return info
         raise RegistryError(self._missing(name, version))
 
-    def current(self, name):
+    def current(self, name: str) -> int | None:
         return self._state(name)["current"]
 
-    def history(self, name):
+    def history(self, name: str) -> list[dict[str, Any]]:
         return list(self._state(name)["history"])
 
     def _missing(self, name, version):
@@ -320,8 +328,10 @@ class Registry:
 
     # Writing ---------------------------------------------------------------
 
-    def publish(self, name, source, *, label=None, metrics=None, checkpoint=None,
-                promote=False, sample=None, allow_ops=()):
+    def publish(self, name: str, source: str | os.PathLike[str] | keras.Model, *,
+                label: str | None = None, metrics: dict[str, Any] | None = None,
+                checkpoint: str | os.PathLike[str] | None = None, promote: bool = False,
+                sample: Any = None, allow_ops: Collection[str] = ()) -> VersionInfo:
         """Copies a SavedModel in as the next integer version; returns its `VersionInfo`.
 
         `source`: a SavedModel folder (e.g. what `tapeworks.deploy.export`
@@ -435,7 +445,7 @@ class Registry:
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(VERSION_FILE))
         return source
 
-    def promote(self, name, version):
+    def promote(self, name: str, version: int) -> int | None:
         """Makes `version` current (TF Serving's config follows); returns the previous current."""
         version = int(version)
         with self._locked():
@@ -449,7 +459,7 @@ class Registry:
                 self._write_serving_config()
             return before
 
-    def rollback(self, name):
+    def rollback(self, name: str) -> int:
         """Moves `current` back to the version that was current before it; returns that version."""
         with self._locked():
             state = self._state(name)
@@ -481,7 +491,7 @@ class Registry:
             event["label"] = label
         return event
 
-    def gc(self, name, keep):
+    def gc(self, name: str, keep: int) -> list[int]:
         """Removes all but the newest `keep` versions, never the current or the previous one.
 
         Returns the removed version numbers. Abandoned `incoming-*` folders

@@ -1,5 +1,7 @@
 """What `export` hands back: `ExportReport` on success, `ExportError` when verification fails."""
 
+from __future__ import annotations
+
 import dataclasses
 
 from tapeworks.errors import TapeworksError
@@ -32,10 +34,10 @@ class ExportReport:
     verified_in: str           # "a fresh process", or why it was this one
     inputs: list               # the signature's input names
     outputs: list              # its output names
-    quantize: str = None       # tflite: None (float32), "dynamic", "float16" or "int8"
-    metric: dict = None        # with validation_data: {"name", "model", "artefact", "tolerance"}
-    signatures: list = None    # saved_model: "serving_default" and the extra ones
-    agreement: float = None    # argmax agreement with the model, for class scores
+    quantize: str | None = None     # tflite: None (float32), "dynamic", "float16" or "int8"
+    metric: dict | None = None      # validation_data: {"name", "model", "artefact", "tolerance"}
+    signatures: list | None = None  # saved_model: "serving_default" and the extra ones
+    agreement: float | None = None  # argmax agreement with the model, for class scores
     kept_float: list = dataclasses.field(default_factory=list)   # LayerErrors kept in float
     advice: str = ""           # where preprocessing is what int8 cannot hold: the other option
 

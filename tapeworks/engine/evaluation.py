@@ -7,6 +7,11 @@ sees every batch, as in `model.evaluate` with its default of one step per
 execution.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Union
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -34,8 +39,28 @@ class EvaluateAndPredict:
     `replication` and `jit_compile`.
     """
 
-    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
-                 steps=None, callbacks=None, return_dict=False, **kwargs):
+    # What it reads of the Trainer, declared for type checkers (the Trainer sets them).
+    task: Any
+    model: Any
+    data_stage: Any
+    training_state: Any
+    compiled: Any
+    replication: Any
+
+    @property
+    def jit_compile(self) -> bool | str | None:
+        raise NotImplementedError("the Trainer defines it")
+
+    def _prepare(self, x: Any, y: Any = None, sample_weight: Any = None,
+                 batch_size: int | None = None, steps: int | None = None) -> Any:
+        raise NotImplementedError("the Trainer defines it")
+
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+                 verbose: Union[int, Literal["auto"]] = "auto", sample_weight: Any = None,
+                 steps: int | None = None,
+                 callbacks: Sequence[keras.callbacks.Callback] | None = None,
+                 return_dict: bool = False,
+                 **kwargs: Any) -> float | list[float] | dict[str, float]:
         """The loss and metrics over `x`; Keras' `Model.evaluate` signature.
 
         Returns:
@@ -63,7 +88,9 @@ class EvaluateAndPredict:
         return evaluate(prepared, callback_list, self.compiled.test_loop(mode),
                         self.training_state, self.replication.iterate)
 
-    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+    def predict(self, x: Any, batch_size: int | None = None,
+                verbose: Union[int, Literal["auto"]] = "auto", steps: int | None = None,
+                callbacks: Sequence[keras.callbacks.Callback] | None = None) -> Any:
         """The model's outputs on `x` as NumPy (a dict/list for several outputs).
 
         Keras' `Model.predict` signature; `on_predict_batch_end` gets

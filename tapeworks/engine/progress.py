@@ -16,7 +16,7 @@ def announce(line, verbose):
     logger.info("%s", line)
 
 
-def resolve_verbose(verbose):
+def resolve_verbose(verbose: object) -> int:
     """"auto" -> 1 (a live bar) on a terminal, 2 (a line per epoch) otherwise.
 
     Keras' "auto" is always 1; off a terminal a live bar fills log files

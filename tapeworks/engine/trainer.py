@@ -12,8 +12,12 @@ Keras' own objects, resolved by `model.compile`, so strings, schedules and
 multi-output losses behave exactly as in `model.fit`.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import keras
 
@@ -34,6 +38,18 @@ from tapeworks.engine.resume import resume as resume_lib
 from tapeworks.engine.step import model_step, replicas, updater
 from tapeworks.engine.step import task as task_lib
 from tapeworks.engine.training_state import TrainingState
+
+if TYPE_CHECKING:
+    import os
+
+    import tensorflow as tf
+    from tapeworks.data.diagnose import InputReport
+    from tapeworks.engine.explanation import Explanation
+    from tapeworks.prune.pruning import Pruning
+
+# What a parameter accepts, named once for the signatures below.
+Mode = Union[bool, Literal["auto", "update"]]
+Verbose = Union[int, Literal["auto"]]
 
 
 logger = logging.getLogger("tapeworks")
@@ -106,7 +122,7 @@ class Trainer(evaluation.EvaluateAndPredict):
             each call of several steps as a whole, and replay a bad call
             step by step: the same outcome at a fraction of the cost.
         nonfinite_dir: where "raise" saves the offending batch (default: the
-            temporary folder's `tapeworks/`).
+            temporary folder's `tapeworks-nonfinite/`).
         fine_tune_in_inference_mode: say that training the variables of a
             sub-model called with `training=False` is meant (otherwise a
             warning names it once: the usual intent is a frozen extractor).
@@ -151,18 +167,10 @@ class Trainer(evaluation.EvaluateAndPredict):
             `trainer.checkpoint`), applied in the compiled step after every
             update; `sparsity` and `sparsity/<layer>` in the epoch logs.
 
-    Accumulation: the update is the gradient of the mean loss over every
-    sample of the window (micro-batches weighted by their size), which equals
-    one step on a batch N times larger. The optimizer, its learning-rate
-    schedule, weight decay and clipping act once per update. A window never
-    spans two epochs: when an epoch ends with fewer than N micro-batches
-    pending, they are applied then, as the mean over their own samples.
-    BatchNormalization updates its moving statistics on every micro-batch
-    (its batch statistics are those of the micro-batch). Under
-    mixed_float16, one non-finite micro-batch skips its whole window.
-    Accumulators, the loss scale and the counters are variables in
-    `trainer.state` (and `trainer.checkpoint`), so a checkpoint taken
-    mid-window restores mid-window.
+    Accumulation: an update from N micro-batches equals one step on a batch N
+    times larger (the mean loss over every sample of the window); the guide's
+    precision page says how windows meet an epoch's end, BatchNormalization
+    and float16, and that a checkpoint mid-window restores mid-window.
 
     Example:
 
@@ -179,21 +187,27 @@ class Trainer(evaluation.EvaluateAndPredict):
     choice), `rollback` (the non-finite guard's fast path), `data_stage`,
     `replication` (the strategy's host-side decisions).
 
-    Callbacks: Keras callbacks are used unchanged and see `self.model`. With
-    several steps per call, `on_train_batch_begin`/`on_train_batch_end` fire
-    once per call (as in `model.fit` with `steps_per_execution`): `batch` is
-    the index of the last step of the call and the logs are the epoch's running
-    values at that point.
+    Callbacks: Keras callbacks are used unchanged and see `self.model`. Batch
+    hooks fire once per call of several steps (as in `model.fit` with
+    `steps_per_execution`), with the call's last step and the running logs.
     """
 
-    def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
-                 weighted_metrics=None, jit_compile="auto", steps_per_call="auto", seed=None,
-                 run_eagerly=None, allow_missing_gradients=False, accumulate=1,
-                 precision="float32", clip_norm=None, clip_value=None, capture_every=None,
-                 check_data=True, diagnose_input=False, deterministic=False, plan_cache=None,
-                 on_nonfinite="raise", nonfinite_dir=None, fine_tune_in_inference_mode=False,
-                 dead_gradient_steps=50, monitor_every=None, pruning=None, strategy=None,
-                 sync_batchnorm=False, split_xla_step_bytes=None):
+    def __init__(self, model: keras.Model | task_lib.Task, optimizer: Any = None,
+                 loss: Any = None, metrics: Any = None, *, loss_weights: Any = None,
+                 weighted_metrics: Any = None, jit_compile: Mode = "auto",
+                 steps_per_call: int | Literal["auto"] = "auto", seed: int | None = None,
+                 run_eagerly: bool | None = None, allow_missing_gradients: bool = False,
+                 accumulate: int = 1, precision: str = "float32",
+                 clip_norm: float | None = None, clip_value: float | None = None,
+                 capture_every: int | None = None, check_data: bool = True,
+                 diagnose_input: bool = False, deterministic: bool = False,
+                 plan_cache: str | os.PathLike[str] | bool | None = None,
+                 on_nonfinite: Literal["raise", "skip", "warn"] | None = "raise",
+                 nonfinite_dir: str | os.PathLike[str] | None = None,
+                 fine_tune_in_inference_mode: bool = False,
+                 dead_gradient_steps: int | None = 50, monitor_every: int | None = None,
+                 pruning: Pruning | None = None, strategy: tf.distribute.Strategy | None = None,
+                 sync_batchnorm: bool = False, split_xla_step_bytes: int | None = None) -> None:
         strategy, reason = distribute_lib.resolve(strategy)
         self.replication = distribute_lib.Replication(strategy, reason)
         self.config = config = config_lib.from_arguments(
@@ -238,9 +252,9 @@ class Trainer(evaluation.EvaluateAndPredict):
                                                    check_pipelines=check_data)
         self.rollback = rollback_lib.RollbackPath(self.training_state, config, self.precision,
                                                   self.replication.replicated)
-        self.retraces = []         # the user's tf.functions that retraced in the last fit
+        self.retraces: list[Any] = []   # the user's tf.functions that retraced in the last fit
         self.input_report = None   # the InputReport of diagnose_input after a first epoch
-        self.checkpoint_saves = []  # a run_checkpoint.SaveRecord per save of the last fit
+        self.checkpoint_saves: list[Any] = []  # a SaveRecord per save of the last fit
         self._calls = None         # the CallLoop, made at the first fit (after the build)
         self._setup_checked = False
         self._eager_said = False   # the one line on why the step runs eagerly (config)
@@ -303,7 +317,7 @@ class Trainer(evaluation.EvaluateAndPredict):
     # Public results of "auto" ---------------------------------------------
 
     @property
-    def jit_compile(self):
+    def jit_compile(self) -> bool | str | None:
         """The execution mode in use (True, False or "update"); None before the first `fit`.
 
         While "auto" is still measuring, the mode of the call about to run.
@@ -311,12 +325,12 @@ class Trainer(evaluation.EvaluateAndPredict):
         return self.plan.mode
 
     @property
-    def steps_per_call(self):
+    def steps_per_call(self) -> int | None:
         """Steps per graph call in use; None before the first `fit`."""
         return self.plan.steps
 
     @property
-    def tuning(self):
+    def tuning(self) -> dict[str, Any] | None:
         """What "auto" measured and chose (a dict), or None before `fit`.
 
         Its "input" entry: how the last `tapeworks.data.pipeline` fitted on
@@ -343,12 +357,19 @@ class Trainer(evaluation.EvaluateAndPredict):
 
     # fit ----------------------------------------------------------------
 
-    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
-            sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
-            validation_batch_size=None, validation_freq=1, *, checkpoint_dir=None,
-            checkpoint_every="epoch", keep=3, keep_best=None, resume=True, overwrite=False,
-            checkpoint_data="auto", checkpoint_async=False, global_batch_size=None):
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
+            verbose: Verbose = "auto", callbacks: Sequence[keras.callbacks.Callback] | None = None,
+            validation_split: float = 0.0, validation_data: Any = None,
+            shuffle: bool | Literal["batch"] = True,
+            class_weight: Mapping[int, float] | None = None, sample_weight: Any = None,
+            initial_epoch: int = 0, steps_per_epoch: int | None = None,
+            validation_steps: int | None = None, validation_batch_size: int | None = None,
+            validation_freq: int | Sequence[int] = 1, *,
+            checkpoint_dir: str | os.PathLike[str] | None = None,
+            checkpoint_every: int | str = "epoch", keep: int = 3, keep_best: str | None = None,
+            resume: bool = True, overwrite: bool = False,
+            checkpoint_data: Literal["auto", "skip"] = "auto", checkpoint_async: bool = False,
+            global_batch_size: int | None = None) -> keras.callbacks.History:
         """Trains the model; Keras' `Model.fit` signature and semantics, argument for argument.
 
         Args:
@@ -533,7 +554,8 @@ class Trainer(evaluation.EvaluateAndPredict):
                                   self.data_stage, self.replication.iterate, self.precision,
                                   self.retraces)
 
-    def diagnose_input(self, data, batches=30, batch_size=None):
+    def diagnose_input(self, data: Any, batches: int = 30,
+                       batch_size: int | None = None) -> InputReport:
         """Measures whether training waits for data; returns a `tapeworks.data.InputReport`.
 
         Trains nothing: every variable is saved before the timed runs and
@@ -543,7 +565,9 @@ class Trainer(evaluation.EvaluateAndPredict):
             prepared = trial.prepare(data, batch_size=batch_size)
             return measuring.input_report(trial, prepared.dataset, batches)
 
-    def explain(self, data, steps=20, batch_size=None, profile_dir=None, try_xla=True):
+    def explain(self, data: Any, steps: int = 20, batch_size: int | None = None,
+                profile_dir: str | os.PathLike[str] | None = None,
+                try_xla: bool = True) -> Explanation:
         """Where a training step's time goes, and what would help here: an `Explanation`.
 
         A short measured training on this trainer's compiled loop: input
@@ -558,7 +582,8 @@ class Trainer(evaluation.EvaluateAndPredict):
             return explanation.explain(trial, data, steps=steps, batch_size=batch_size,
                                        profile_dir=profile_dir, try_xla=try_xla)
 
-    def build_state(self, x=None, y=None, batch_size=None, sample_weight=None):
+    def build_state(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+                    sample_weight: Any = None) -> Trainer:
         """Creates all variables for batches like `x` (and `y`), without training.
 
         Use it to restore a checkpoint into a fresh trainer before `fit`.

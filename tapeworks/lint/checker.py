@@ -9,9 +9,12 @@ small per-scope record of dataset pipelines (pipelines.py), integer tensors
 flagging a correct one: each has a near-miss test that must stay silent.
 """
 
+from __future__ import annotations
+
 import ast
 import dataclasses
 import re
+from collections.abc import Collection
 
 from tapeworks.lint.facts import LOSS_SCALING_NAMES, FileFacts
 from tapeworks.lint.findings import Finding, kept
@@ -480,7 +483,8 @@ _TRIGGERS = re.compile(
     r"|random\.")                                      # TW113
 
 
-def check_source(source, path="<string>", select=None, ignore=()):
+def check_source(source: str, path: str = "<string>", select: Collection[str] | None = None,
+                 ignore: Collection[str] = ()) -> list[Finding]:
     """Findings for one file's source text, with `# noqa` and rule selection applied."""
     try:
         # Parsed even when no rule can fire, so that a file that does not

@@ -23,6 +23,10 @@ Skipped updates (a loss-scale overflow, a withheld non-finite step) change no
 weight and advance no counter.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable, Sequence
+
 import keras
 import tensorflow as tf
 
@@ -85,7 +89,10 @@ class Pruning(tf.Module, StepHooks):
         ```
     """
 
-    def __init__(self, schedule=None, *, layers=None, scope="layer", structure=None):
+    def __init__(self, schedule: Schedule | None = None, *,
+                 layers: Sequence[keras.layers.Layer | str]
+                 | Callable[[keras.layers.Layer], bool] | None = None,
+                 scope: str = "layer", structure: str | None = None) -> None:
         super().__init__(name="pruning")
         if structure not in STRUCTURES:
             raise ConfigError(f"`structure` must be None or \"2:4\". Received: "
@@ -120,21 +127,21 @@ class Pruning(tf.Module, StepHooks):
         self._selection = Untracked([layers])
         self._layers = Untracked([])   # the pruned layers, in Keras' walk order (`build`)
         self._kernels = Untracked([])
-        self.masks = []        # one mask per pruned kernel, same order
-        self.step = None       # updates of the pruned kernels so far
+        self.masks: list[tf.Variable] = []        # one mask per pruned kernel, same order
+        self.step: tf.Variable | None = None      # updates of the pruned kernels so far
 
     # Built by the Trainer, once the models' variables exist -----------------
 
     @property
-    def built(self):
+    def built(self) -> bool:
         return self.step is not None
 
     @property
-    def layers(self):
+    def layers(self) -> list[keras.layers.Layer]:
         """The pruned layers, in Keras' walk order (empty until built)."""
         return list(self._layers.items)
 
-    def build(self, models, trained):
+    def build(self, models: Sequence[keras.Model], trained: Container[int]) -> None:
         """Selects the layers and creates the masks (all ones) and the counter.
 
         `trained`: ids of the variables some update trains.
@@ -204,15 +211,16 @@ class Pruning(tf.Module, StepHooks):
 
     # In the compiled step --------------------------------------------------
 
-    def after_update(self, variables):
+    def after_update(self, variables: Iterable[keras.Variable | tf.Variable]) -> None:
         """After an applied update: advance, recompute the masks when due, mask the kernels."""
         updated = {id(v) for v in variables}
         pairs = [(kernel, mask) for kernel, mask in zip(self._kernels.items, self.masks)
                  if id(kernel) in updated]
         if not pairs:
             return
-        step = self.step.read_value()
-        self.step.assign_add(1)
+        # Built: masks to apply exist only once `build` created the counter too.
+        step = self.step.read_value()  # type: ignore[union-attr]
+        self.step.assign_add(1)  # type: ignore[union-attr]
         tf.cond(self.schedule.due(step),
                 lambda: self._recompute(pairs, self.schedule.sparsity(step)),
                 lambda: None)
@@ -237,7 +245,7 @@ class Pruning(tf.Module, StepHooks):
 
     # On the host -----------------------------------------------------------
 
-    def apply_masks(self):
+    def apply_masks(self) -> None:
         """Sets every masked weight to zero (after an EMA swap, before export).
 
         `where`, not a product: a non-finite weight times 0 would be NaN.
@@ -245,7 +253,7 @@ class Pruning(tf.Module, StepHooks):
         for kernel, mask in zip(self._kernels.items, self.masks):
             kernel.assign(tf.where(mask > 0, kernel, tf.zeros_like(kernel)))
 
-    def sparsity(self):
+    def sparsity(self) -> dict[str, float]:
         """{"sparsity": all pruned kernels, "sparsity/<layer>": each}: shares of exact zeros."""
         logs, zeros, total = {}, 0, 0
         for layer, kernel in zip(self.layers, self._kernels.items):
@@ -256,7 +264,7 @@ class Pruning(tf.Module, StepHooks):
         logs["sparsity"] = zeros / total if total else 0.0
         return logs
 
-    def strip(self):
+    def strip(self) -> list[keras.layers.Layer]:
         """Bakes the masks into the kernels; returns the pruned layers.
 
         The model was never wrapped, so there is nothing to unwrap: stripping

@@ -10,6 +10,8 @@ the masks are also recomputed at `end_step` itself, so the final sparsity is
 reached even when `end_step - begin_step` is not a multiple of `frequency`.
 """
 
+from __future__ import annotations
+
 import tensorflow as tf
 
 from tapeworks.errors import ConfigError
@@ -32,7 +34,7 @@ class Schedule:
     sparsity (`sparsity`, `final_sparsity`). `Pruning` accepts any subclass.
     """
 
-    def __init__(self, begin_step, end_step, frequency):
+    def __init__(self, begin_step: int, end_step: int | None, frequency: int) -> None:
         _check_step("begin_step", begin_step)
         if end_step is not None:
             _check_step("end_step", end_step)
@@ -44,7 +46,7 @@ class Schedule:
         _check_step("frequency", frequency, minimum=1)
         self.begin_step, self.end_step, self.frequency = begin_step, end_step, frequency
 
-    def due(self, step):
+    def due(self, step: int | tf.Tensor) -> bool | tf.Tensor:
         """Whether the masks are recomputed after update `step` (a bool or a bool tensor)."""
         if isinstance(step, int):
             if step < self.begin_step or (self.end_step is not None and step > self.end_step):
@@ -58,10 +60,10 @@ class Schedule:
                                 tf.equal(step, self.end_step))
         return due
 
-    def final_sparsity(self):
+    def final_sparsity(self) -> float:
         raise NotImplementedError
 
-    def sparsity(self, step):
+    def sparsity(self, step: int | tf.Tensor) -> float | tf.Tensor:
         raise NotImplementedError
 
 
@@ -75,18 +77,19 @@ class ConstantSparsity(Schedule):
         frequency: masks are recomputed every this many updates.
     """
 
-    def __init__(self, sparsity, begin_step=0, end_step=None, frequency=100):
+    def __init__(self, sparsity: float, begin_step: int = 0, end_step: int | None = None,
+                 frequency: int = 100) -> None:
         _check_sparsity("sparsity", sparsity)
         super().__init__(begin_step, end_step, frequency)
         self.target = float(sparsity)
 
-    def final_sparsity(self):
+    def final_sparsity(self) -> float:
         return self.target
 
-    def sparsity(self, step):
+    def sparsity(self, step: int | tf.Tensor) -> float | tf.Tensor:
         return self.target if isinstance(step, int) else tf.constant(self.target, tf.float32)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"ConstantSparsity({self.target}, begin_step={self.begin_step}, "
                 f"end_step={self.end_step}, frequency={self.frequency})")
 
@@ -104,8 +107,10 @@ class PolynomialDecay(Schedule):
         ```
     """
 
-    def __init__(self, initial_sparsity, final_sparsity, begin_step, end_step, power=3,
-                 frequency=100):
+    end_step: int   # never None here (checked in __init__)
+
+    def __init__(self, initial_sparsity: float, final_sparsity: float, begin_step: int,
+                 end_step: int, power: float = 3, frequency: int = 100) -> None:
         _check_sparsity("initial_sparsity", initial_sparsity)
         _check_sparsity("final_sparsity", final_sparsity)
         if end_step is None:
@@ -116,10 +121,10 @@ class PolynomialDecay(Schedule):
         super().__init__(begin_step, end_step, frequency)
         self.initial, self.final, self.power = float(initial_sparsity), float(final_sparsity), power
 
-    def final_sparsity(self):
+    def final_sparsity(self) -> float:
         return self.final
 
-    def sparsity(self, step):
+    def sparsity(self, step: int | tf.Tensor) -> float | tf.Tensor:
         span = self.end_step - self.begin_step
         if isinstance(step, int):
             done = min(max(step - self.begin_step, 0), span) / span
@@ -127,6 +132,6 @@ class PolynomialDecay(Schedule):
         done = tf.clip_by_value(tf.cast(step - self.begin_step, tf.float32) / span, 0.0, 1.0)
         return self.final + (self.initial - self.final) * (1.0 - done) ** self.power
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"PolynomialDecay({self.initial}, {self.final}, begin_step={self.begin_step}, "
                 f"end_step={self.end_step}, power={self.power}, frequency={self.frequency})")

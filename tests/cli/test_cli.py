@@ -110,6 +110,25 @@ def test_bench_rejects_unknown_scenario_and_few_repeats(tmp_path):
     assert not (tmp_path / "loops.json").exists()
 
 
+def test_bench_redraw_draws_each_chart_again_from_its_report(tmp_path):
+    import shutil
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+    shutil.copy(os.path.join(root, "wallclock.json"), tmp_path)
+    (tmp_path / "notes.json").write_text("[1, 2]")        # not a report: left alone
+    before = (tmp_path / "wallclock.json").read_bytes()
+    result = tapeworks("bench", "--redraw", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    png = (tmp_path / "wallclock.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    assert (tmp_path / "wallclock.json").read_bytes() == before      # the figures stay
+    assert not (tmp_path / "notes.png").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = tapeworks("bench", "--redraw", str(empty))
+    assert result.returncode == 2 and "no benchmark report" in result.stderr
+
+
 def test_bench_list():
     result = tapeworks("bench", "--list")
     assert result.returncode == 0

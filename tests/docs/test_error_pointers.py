@@ -26,8 +26,11 @@ def test_messages_end_with_their_pointer_and_keep_their_text():
     assert str(UnsafeGraphError("WriteFile in the init op.")) == "WriteFile in the init op."
 
 
+WARNINGS = os.path.join(os.path.dirname(PAGE), f"{errors.WARNINGS_PAGE}.md")
+
+
 def _anchors():
-    with open(PAGE, encoding="utf-8") as f:
+    with open(WARNINGS, encoding="utf-8") as f:
         return set(re.findall(r"\{#([A-Za-z0-9_-]+)\}", f.read()))
 
 
@@ -41,7 +44,8 @@ def test_every_warning_points_to_a_section_the_guide_has():
                 with open(os.path.join(folder, name), encoding="utf-8") as f:
                     named |= set(re.findall(r'section="([A-Za-z0-9_-]+)"', f.read()))
     assert "dead-gradients" in named and "setup-mistakes" in named
-    assert named <= _anchors(), named - _anchors()
+    on_warnings_page = named - errors.DOCUMENTED_ERRORS
+    assert on_warnings_page <= _anchors(), on_warnings_page - _anchors()
 
 
 def test_a_warning_ends_with_its_pointer_once():
@@ -54,10 +58,14 @@ def test_a_warning_ends_with_its_pointer_once():
         errors.warn("tapeworks: a retrace. Fix: fixed shapes.", errors.PerformanceWarning,
                     section="retracing")
         errors.warn("TD004: no prefetch (see docs: data-checks#TD004)", errors.PerformanceWarning)
+        errors.warn("tapeworks: 2 steps were non-finite.", errors.CorrectnessWarning,
+                    section="NonFiniteError")
     assert [str(w.message) for w in caught] == [
         "tapeworks: a helper is trainable. Fix: freeze it. "
-        "(see docs: troubleshooting#CorrectnessWarning)",
-        "tapeworks: a retrace. Fix: fixed shapes. (see docs: troubleshooting#retracing)",
-        "TD004: no prefetch (see docs: data-checks#TD004)"]
+        "(see docs: warnings#CorrectnessWarning)",
+        "tapeworks: a retrace. Fix: fixed shapes. (see docs: warnings#retracing)",
+        "TD004: no prefetch (see docs: data-checks#TD004)",
+        # About an error's case (on_nonfinite="warn"): the error's own section.
+        "tapeworks: 2 steps were non-finite. (see docs: troubleshooting#NonFiniteError)"]
     # Attributed to the caller's line, here.
     assert all(w.filename == __file__ for w in caught)

@@ -60,3 +60,11 @@ def test_mkdocs_build_strict(tmp_path):
         if anchor:
             assert f'id="{anchor}"' in html.read_text(), (
                 f"README.md links to docs/{page}.md#{anchor}, which has no such anchor")
+
+
+def test_no_guide_page_is_over_3000_words():
+    # A longer page is split by topic (troubleshooting, warnings and the
+    # checks' cost; benchmarks by area; the design notes and module by module).
+    pages = {p.name: len(p.read_text().split()) for p in sorted((ROOT / "docs").glob("*.md"))}
+    assert len(pages) >= 35
+    assert {name: words for name, words in pages.items() if words > 3000} == {}

@@ -84,7 +84,7 @@ class FitData:
         logger.info("%s", planner.summary())
 
 
-# The guide's section of each finding on the data's values (docs/troubleshooting.md).
+# The guide's section of each finding on the data's values (docs/warnings.md).
 VALUE_SECTIONS = {"majority": "majority-class", "scale": "validation-scale"}
 
 

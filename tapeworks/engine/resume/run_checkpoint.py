@@ -100,8 +100,8 @@ GLOBAL_RANDOM_OPS = {
 class Every:
     """`checkpoint_every`, parsed: every `steps` steps, every epoch, or every `seconds`."""
 
-    steps: int = None
-    seconds: float = None
+    steps: int | None = None
+    seconds: float | None = None
     epoch: bool = False
 
     def describe(self):
@@ -257,7 +257,7 @@ class SaveRecord:
     step: int
     folder: str
     seconds: float                 # how long the training waited for it
-    publish_seconds: float = None  # syncing, checksums, rename, retention (background when async)
+    publish_seconds: float | None = None  # syncing, checksums, rename, retention (background when async)
 
 
 class RunCheckpointer:

@@ -8,7 +8,13 @@ reads them, once, and hands them to every callback that has an
 Steps per call are capped at k, so no capture is overwritten before it is read.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tapeworks.engine.step import control_flow
@@ -62,9 +68,10 @@ class CaptureDelivery:
 class CaptureCallback(keras.callbacks.Callback):
     """Calls `fn(step, tensors)` with the tensors captured every `capture_every` steps."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[int, dict[str, np.ndarray]], Any]) -> None:
         super().__init__()
         self.fn = fn
 
-    def on_capture(self, step, tensors):
+    def on_capture(self, step: int, tensors: dict[str, np.ndarray]) -> None:
+        """Called with the step index and the captured tensors (name -> NumPy array)."""
         self.fn(step, tensors)

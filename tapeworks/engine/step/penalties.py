@@ -1,9 +1,14 @@
 """Loss terms that need gradients of their own, inside the step's tape."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
 import tensorflow as tf
 
 
-def gradient_penalty(critic, real, fake, target_norm=1.0):
+def gradient_penalty(critic: Callable[..., tf.Tensor], real: tf.Tensor, fake: tf.Tensor,
+                     target_norm: float = 1.0) -> tf.Tensor:
     """WGAN-GP's penalty (Gulrajani et al., 2017): E[(||grad_x critic(x)|| - 1)^2].
 
     `x` are random interpolates of real and fake samples. The inner tape is

@@ -36,10 +36,14 @@ class GAN(tapeworks.Task):
 ```
 """
 
+from __future__ import annotations
+
 import dataclasses
 import inspect
 import threading
 import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -159,15 +163,15 @@ class Task:
     # `train_step`) runs as the test step; its logs are `logs.results("test")`.
     own_test_step = False
 
-    def __init__(self):
-        self._updates = []
-        self._frozen = []
+    def __init__(self) -> None:
+        self._updates: list[Update] = []
+        self._frozen: list[Frozen] = []
         # Per thread: MirroredStrategy traces each replica's step in a thread
         # of its own, and each replica returns its own captured tensors.
         self._capture_local = threading.local()
         # The captured tensors' specs, as the compiled step sees them
         # (`remember_capture_specs`, after the step's losses were traced).
-        self.capture_specs = {}
+        self.capture_specs: dict[str, tf.TensorSpec] = {}
 
     @property
     def _captures(self):
@@ -181,18 +185,20 @@ class Task:
     def _captures(self, value):
         self._capture_local.captures = value
 
-    def captures(self):
+    def captures(self) -> dict[str, tf.Tensor]:
         """The tensors `capture` marked in this replica's running step (name -> tensor)."""
         return self._captures
 
-    def remember_capture_specs(self):
+    def remember_capture_specs(self) -> None:
         """Keeps the specs of what the last traced step captured (`capture_specs`)."""
         self.capture_specs = {name: tf.TensorSpec(t.shape, t.dtype)
                               for name, t in self._captures.items()}
 
     # Declaring ------------------------------------------------------------
 
-    def add_update(self, name, loss, trains, optimizer, every=1, shared=False):
+    def add_update(self, name: str, loss: str, trains: keras.Model | Sequence[keras.Model],
+                   optimizer: keras.optimizers.Optimizer | str, every: int = 1,
+                   shared: bool = False) -> Update:
         if not isinstance(every, int) or every < 1:
             raise ConfigError(f"`every` must be an integer >= 1. Received: every={every!r}")
         trains = list(trains) if isinstance(trains, (list, tuple)) else [trains]
@@ -209,32 +215,35 @@ class Task:
         self._updates.append(update)
         return update
 
-    def freeze(self, model):
+    def freeze(self, model: keras.Model) -> Frozen:
         """Declares `model` a frozen helper; returns the callable to use in the losses."""
         frozen = Frozen(model)
         self._frozen.append(frozen)
         return frozen
 
-    def capture(self, name, tensor):
+    def capture(self, name: str, tensor: tf.Tensor) -> None:
         """Marks `tensor` for copying out of the step (see `Trainer(capture_every=)`)."""
         self._captures[name] = tensor
 
     # Overridden by subclasses ---------------------------------------------
 
-    def compute_losses(self, batch, training):
+    def compute_losses(self, batch: Any, training: bool
+                       ) -> dict[str, tf.Tensor] | tuple[dict[str, tf.Tensor], dict[str, Any]]:
         """Returns a dict of scalar losses (and may `capture` tensors)."""
         raise NotImplementedError("Subclasses of tapeworks.Task implement compute_losses.")
 
-    def update_metrics(self, batch, outputs):
+    def update_metrics(self, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Updates metric state after a step; `outputs` is what compute_losses kept."""
 
-    def metric_results(self):
+    def metric_results(self) -> dict[str, Any]:
+        """The task's metric values (name -> tensor); none unless a subclass keeps metrics."""
         return {}
 
-    def reset_metrics(self):
-        pass
+    def reset_metrics(self) -> None:
+        """Resets the task's metrics at an epoch's start; nothing unless a subclass keeps some."""
 
-    def predict_step(self, batch):
+    def predict_step(self, batch: Any) -> Any:
+        """The outputs `Trainer.predict` returns for a batch: the first trainable model's."""
         x = batch[0] if isinstance(batch, tuple) else batch
         return self.model(x, training=False)
 
@@ -262,16 +271,17 @@ class Task:
     # was 3 ms of every fit's start (from the non-deterministic state).
     draws_random = True
 
-    def seed_random(self, seed):
+    def seed_random(self, seed: int | None) -> None:
         """Seeds `random` (`Trainer(seed=)`); made now when the task draws from it."""
         self._random_seed = seed
         if self.draws_random:
             self.random  # noqa: B018  (made here, outside any trace)
 
-    def check_unchanged(self):
+    def check_unchanged(self) -> None:
         """Raises `ConfigError` when the task changed in a way its compiled step cannot follow."""
 
-    def check_data(self, element_spec, name, needs_targets=True, arrays=None):
+    def check_data(self, element_spec: Any, name: str, needs_targets: bool = True,
+                   arrays: tuple[Any, Any, Any] | None = None) -> None:
         """Raises `DataSpecError` when batches of `element_spec` cannot feed this task.
 
         Args:
@@ -315,7 +325,8 @@ class Task:
     def frozen_models(self):
         return [f.model for f in self._frozen]
 
-    def run_losses(self, batch, training):
+    def run_losses(self, batch: Any,
+                   training: bool) -> tuple[dict[str, tf.Tensor], dict[str, Any]]:
         """compute_losses, normalised to (losses, outputs) with float32 scalars."""
         self._captures = {}
         result = self.compute_losses(batch, training=training)
@@ -328,13 +339,13 @@ class Task:
                   for name, value in losses.items()}
         return {k: tf.cast(v, tf.float32) for k, v in losses.items()}, outputs
 
-    def check_helpers(self):
+    def check_helpers(self) -> None:
         """Warns about a trainable model that no update trains (a forgotten freeze).
 
         And refuses two updates that train the same variables unless both say
         `shared=True`.
         """
-        owners = {}
+        owners: dict[int, Update] = {}
         for update in self.updates:
             for variable in update.variables():
                 other = owners.setdefault(id(variable), update)

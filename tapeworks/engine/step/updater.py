@@ -9,6 +9,8 @@ checks plug in at `StepHooks`: each hook sees the loss and the
 the step around the updaters.
 """
 
+from __future__ import annotations
+
 import tensorflow as tf
 
 from tapeworks.engine.step import control_flow, guards, replicas, sentinels
@@ -23,13 +25,16 @@ class StepHooks:
     `tf.function`/XLA, so they must use TensorFlow ops, not Python side effects.
     """
 
-    def on_loss(self, loss):
+    def on_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        """The update's loss, before its gradients; return it (or a changed one)."""
         return loss
 
-    def on_gradients(self, grads_and_vars):
+    def on_gradients(self, grads_and_vars: list[tuple[tf.Tensor, tf.Variable]]
+                     ) -> list[tuple[tf.Tensor, tf.Variable]]:
+        """The update's (gradient, variable) pairs before the optimizer; return them."""
         return grads_and_vars
 
-    def after_update(self, variables):
+    def after_update(self, variables: list[tf.Variable]) -> None:
         """After the optimizer applied an update to `variables` (not after a skip)."""
 
 

@@ -6,15 +6,23 @@ weight appears in the logs as `weight/<loss name>`. All state is in variables,
 so weights survive checkpoints and change without retracing the step.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Union
+
 import tensorflow as tf
 
 from tapeworks.errors import ConfigError
+
+# A scheduled weight: `f(step, epoch) -> weight`, both int64 tensors.
+Schedule = Callable[[tf.Tensor, tf.Tensor], Any]
 
 
 class Weighting(tf.Module):
     """Combines named losses into one scalar; subclasses say how."""
 
-    def __init__(self, names, name):
+    def __init__(self, names: Iterable[str], name: str) -> None:
         super().__init__(name=name)
         names = list(names)
         if not names or not all(isinstance(n, str) for n in names):
@@ -22,7 +30,8 @@ class Weighting(tf.Module):
                               f"Received: {names!r}")
         self.names = names
 
-    def combine(self, losses, counters):
+    def combine(self, losses: Mapping[str, tf.Tensor], counters: Any) -> tf.Tensor:
+        """The weighted sum of `losses`, at the weights of this step."""
         missing = [n for n in self.names if n not in losses]
         if missing:
             raise ConfigError(
@@ -31,24 +40,26 @@ class Weighting(tf.Module):
         weights = self.current(counters)
         return tf.add_n([tf.cast(weights[n], tf.float32) * losses[n] for n in self.names])
 
-    def current(self, counters):
+    def current(self, counters: Any) -> dict[str, Any]:
+        """This step's weight of each loss (name -> scalar tensor)."""
         raise NotImplementedError
 
-    def logs(self):
+    def logs(self) -> dict[str, tf.Tensor]:
+        """What the logs show of the weights (`weight/<loss name>`)."""
         return {}
 
 
 class StaticWeights(Weighting):
     """Fixed weights: `StaticWeights({"reconstruction": 1.0, "perceptual": 0.1})`."""
 
-    def __init__(self, weights):
+    def __init__(self, weights: Mapping[str, float]) -> None:
         super().__init__(weights, name="static_weights")
         self.weights_by_name = {n: float(w) for n, w in weights.items()}
 
-    def current(self, counters):
+    def current(self, counters: Any) -> dict[str, Any]:
         return self.weights_by_name
 
-    def logs(self):
+    def logs(self) -> dict[str, tf.Tensor]:
         return {f"weight/{n}": tf.constant(w) for n, w in self.weights_by_name.items()}
 
 
@@ -60,13 +71,13 @@ class ScheduledWeights(Weighting):
     the function with TensorFlow ops (`tf.minimum(1.0, tf.cast(step, tf.float32) / 1000)`).
     """
 
-    def __init__(self, weights):
+    def __init__(self, weights: Mapping[str, Union[float, Schedule]]) -> None:
         super().__init__(weights, name="scheduled_weights")
         self.schedule = dict(weights)
         self._last = {n: tf.Variable(0.0, trainable=False, name=f"last_{i}")
                       for i, n in enumerate(self.names)}
 
-    def current(self, counters):
+    def current(self, counters: Any) -> dict[str, Any]:
         values = {}
         for name, weight in self.schedule.items():
             value = weight(counters.step, counters.epoch) if callable(weight) else weight
@@ -75,7 +86,7 @@ class ScheduledWeights(Weighting):
             values[name] = value
         return values
 
-    def logs(self):
+    def logs(self) -> dict[str, tf.Tensor]:
         return {f"weight/{n}": v.read_value() for n, v in self._last.items()}
 
 
@@ -89,20 +100,20 @@ class UncertaintyWeighting(Weighting):
     (without its 1/2 factors, which rescale s_i).
     """
 
-    def __init__(self, names):
+    def __init__(self, names: Sequence[str]) -> None:
         super().__init__(names, name="uncertainty_weighting")
         self.log_variances = [tf.Variable(0.0, trainable=True, name=f"log_variance_{i}")
                               for i, _ in enumerate(self.names)]
 
-    def combine(self, losses, counters):
+    def combine(self, losses: Mapping[str, tf.Tensor], counters: Any) -> tf.Tensor:
         super().combine(losses, counters)  # checks the names
         return tf.add_n([tf.exp(-s) * losses[n] + s
                          for n, s in zip(self.names, self.log_variances)])
 
-    def current(self, counters):
+    def current(self, counters: Any) -> dict[str, Any]:
         return {n: tf.exp(-s) for n, s in zip(self.names, self.log_variances)}
 
-    def logs(self):
+    def logs(self) -> dict[str, tf.Tensor]:
         return {f"weight/{n}": tf.exp(-s) for n, s in zip(self.names, self.log_variances)}
 
 
@@ -125,7 +136,8 @@ class GradNorm(Weighting):
         learning_rate: step size of the weights' own update.
     """
 
-    def __init__(self, names, shared, alpha=1.5, learning_rate=0.025):
+    def __init__(self, names: Sequence[str], shared: Any, alpha: float = 1.5,
+                 learning_rate: float = 0.025) -> None:
         super().__init__(names, name="gradnorm")
         self.shared = shared
         self.alpha = float(alpha)
@@ -136,7 +148,7 @@ class GradNorm(Weighting):
                                for i, _ in enumerate(self.names)]
         self.started = tf.Variable(False, trainable=False, name="started")
 
-    def current(self, counters):
+    def current(self, counters: Any) -> dict[str, Any]:
         return {n: w.read_value() for n, w in zip(self.names, self.task_weights)}
 
     def _shared_variables(self):
@@ -146,7 +158,8 @@ class GradNorm(Weighting):
             return [self.shared]
         return list(self.shared.trainable_variables)
 
-    def after_gradients(self, tape, losses, counters):
+    def after_gradients(self, tape: tf.GradientTape, losses: Mapping[str, tf.Tensor],
+                        counters: Any) -> None:
         """Moves the weights towards balanced gradient norms (called by the step)."""
         shared = self._shared_variables()
         norms = []
@@ -174,5 +187,5 @@ class GradNorm(Weighting):
         for variable, value in zip(self.task_weights, tf.unstack(new)):
             variable.assign(value)
 
-    def logs(self):
+    def logs(self) -> dict[str, tf.Tensor]:
         return {f"weight/{n}": w.read_value() for n, w in zip(self.names, self.task_weights)}

@@ -250,7 +250,7 @@ def test_a_cross_entropy_below_zero_after_an_epoch_names_targets_outside_0_1():
     assert "y / 255" in found[0]
     # Kept with the data's findings, which `explain` lists.
     # The warning ends with its pointer to the guide; explain lists the finding itself.
-    assert [f"{text} (see docs: troubleshooting#negative-cross-entropy)"
+    assert [f"{text} (see docs: warnings#negative-cross-entropy)"
             for text in trainer.data_stage.value_findings.values()] == [found[0]]
 
 
