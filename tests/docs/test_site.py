@@ -50,6 +50,9 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "data-checks" / "index.html").exists()
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "Trainer" in api and "export" in api
+    # Every listed member, the inherited evaluate and predict included.
+    for member in ("fit", "evaluate", "predict", "explain", "tuning"):
+        assert f'id="tapeworks.Trainer.{member}"' in api, member
     # The README is not part of the site, so mkdocs does not check its links
     # into the guide: each must name a page, and an anchor that page has.
     links = re.findall(r"\]\(docs/([\w.-]+)\.md(?:#([\w-]+))?\)", (ROOT / "README.md").read_text())
