@@ -170,9 +170,9 @@ class CallLoop:
         The loop's `tf.while_loop` and `tf.cond` cost tracing and a first
         call that a few steps never repay (a GAN's one-step fit traced 0.6 s
         longer in the loop than Keras' one step, profiled, AMD EPYC): such a
-        fit runs each step as Keras runs
-        it at `steps_per_execution=1`, the batch drawn on the host and the
-        compiled step called on it (`first_step`), and measures nothing. A
+        fit runs each step as Keras runs it at `steps_per_execution=1`, the
+        batch drawn on the host and the compiled step called on it
+        (`first_step`), and measures nothing. A
         longer fit never switches at its end: that would trace a second
         function for its last steps. Only a trainer's first fit, from step
         0: a script that calls `fit` again and again (one epoch each) is
