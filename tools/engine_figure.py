@@ -12,7 +12,7 @@ compare it with the tree.
     python tools/engine_figure.py OUT.svg
 """
 
-import importlib
+import ast
 import importlib.util
 import os
 import sys
@@ -52,8 +52,6 @@ def first_docstring_line(name):
     spec = importlib.util.find_spec(name)
     with open(spec.origin, encoding="utf-8") as f:
         source = f.read()
-    import ast
-
     doc = ast.get_docstring(ast.parse(source)) or ""
     return doc.strip().split("\n")[0].rstrip(".")
 
