@@ -72,6 +72,21 @@ class TrainingState:
         with self.strategy.scope(), replicas.state_variables():
             self._build_in_scope(element_spec, targets, lazy_losses)
 
+    def _build_own_step(self, element_spec):
+        """Builds what the model's own `train_step` creates: one scratch trace, else `tf.function`'s.
+
+        Under a replicated strategy a mirrored variable is made by the
+        strategy's own creator, which `tf.function`'s trace serves.
+        """
+        task, failures = self.task, []
+        if (replicas.is_replicated(self.strategy)
+                or trace_lifted(task.trace_train_step, element_spec, failures) is None):
+            half_built = _half_built(task.models)
+            if half_built:
+                raise _half_built_error(half_built, failures)
+            task.build_steps(element_spec)
+        task.reset_metrics()
+
     def _build_in_scope(self, element_spec, targets, lazy_losses=False):
         task, config = self.task, self.config
         if targets:
@@ -91,7 +106,8 @@ class TrainingState:
                         tf.function(task.model.predict_step).get_concrete_function(
                             element_spec)
                     return
-                task.build_steps(element_spec)
+                if task.needs_build():
+                    self._build_own_step(element_spec)
             elif isinstance(task, task_lib.SupervisedTask) and not task.model.built:
                 if eagerly:
                     task.model(zeros_like(x_spec), training=False)
@@ -384,13 +400,57 @@ def trace_once(fn, spec, failures=None):
         with keras.StatelessScope(), symbolic_scope.SymbolicScope():
             with tf.__internal__.FuncGraph("tapeworks_build").as_default(), \
                     tf.variable_creator_scope(refuse):
-                inputs = tf.nest.map_structure(
-                    lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), spec)
-                return fn(inputs)
+                return fn(_placeholders(spec))
     except Exception as error:   # noqa: BLE001 (see above: traced again, where it raises as before)
         if failures is not None:
             failures.append(error)
         return None
+
+
+class _ComputedInitialValue(Exception):
+    """A variable made from a tensor of `trace_lifted`'s scratch graph: only `tf.function` lifts it."""
+
+
+def trace_lifted(fn, spec, failures=None):
+    """`fn`'s outputs, traced once in a scratch graph that makes every variable eagerly; else None.
+
+    For a model's own `train_step`, which `trace_once` cannot trace: Keras'
+    stateless scope holds back its optimizers' updates, which read their
+    variables' handles. Here each variable the step makes (its layers', its
+    optimizers' slots, a `tf.Variable` of its own from a Python or NumPy
+    value) is made outside the graph at once (`tf.init_scope`), as
+    `tf.function`'s first trace lifts it out, and the graph is dropped:
+    nothing runs. `tf.function` traces a step that makes variables twice
+    (once making them, once more without), and the compiled step traced it
+    a third time, where Keras' fit traces it twice (the SimCLR corpus
+    script: 1.1 s a trace). A variable made from a tensor the step computed
+    cannot be made outside the graph: the trace stops before making it, and
+    None (with the reason in `failures`) tells the caller to trace with
+    `tf.function`, as it does for inputs other than plain tensors and for a
+    trace that fails (where `tf.function`'s trace raises what it always raised).
+    """
+    if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+        return None
+
+    def lift(next_creator, **kwargs):
+        if tf.is_symbolic_tensor(kwargs.get("initial_value")):
+            raise _ComputedInitialValue()
+        with tf.init_scope():
+            return next_creator(**kwargs)
+
+    try:
+        with tf.__internal__.FuncGraph("tapeworks_build").as_default(), \
+                tf.variable_creator_scope(lift):
+            return fn(_placeholders(spec))
+    except Exception as error:   # noqa: BLE001 (traced again by tf.function, where it raises)
+        if failures is not None:
+            failures.append(error)
+        return None
+
+
+def _placeholders(spec):
+    """Graph inputs shaped like `spec` (`tf.TensorSpec`s), in the default graph."""
+    return tf.nest.map_structure(lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), spec)
 
 
 def _build_by_tracing(model, x_spec):
@@ -420,6 +480,11 @@ def _half_built_error(names, failures):
     if isinstance(failure, _NotKerasVariable):
         what = "it created a `tf.Variable` of its own after weights made with `add_weight`"
         fix = ("make that variable with `self.add_weight(...)` (or `keras.Variable`), or "
+               "build the model before the Trainer takes it (call it once on a batch)")
+    elif isinstance(failure, _ComputedInitialValue):
+        what = ("it created a `tf.Variable` from a tensor it computed, after weights made "
+                "with `add_weight`")
+        fix = ("make that variable with `self.add_weight(...)` and an initializer, or "
                "build the model before the Trainer takes it (call it once on a batch)")
     else:
         what = (f"it raised {type(failure).__name__}: {str(failure)[:300]}"

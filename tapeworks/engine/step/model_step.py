@@ -219,25 +219,29 @@ class ModelStepTask(task_lib.SupervisedTask):
         self.logs = OwnLogs(model)
 
     def build_steps(self, element_spec):
-        """Creates every variable the model's `train_step` creates, by tracing it once.
+        """Creates every variable the model's `train_step` creates, by tracing it with `tf.function`.
 
         Keras' own fit builds a model with a custom step the same way: by
         tracing its train function (the model, its optimizers' slots, the
         compiled metrics). The trace runs nothing: no update is applied.
+        `tf.function` traces a step that creates variables twice; the
+        training state first tries one trace in a scratch graph
+        (`training_state.trace_lifted`) and comes here where that cannot.
         """
-        if not self._unbuilt():
+        if not self.needs_build():
             return
-        tf.function(self._traced_train_step, autograph=False).get_concrete_function(element_spec)
+        tf.function(self.trace_train_step, autograph=False).get_concrete_function(element_spec)
         self.reset_metrics()
 
-    def _unbuilt(self):
-        """What only a trace can build: layers, compiled losses or metrics not built yet."""
+    def needs_build(self):
+        """Whether layers, compiled losses or metrics are unbuilt: what only a trace can build."""
         model = self.network
         compiled = [getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)]
         return (not all(layer.built for layer in model._flatten_layers(include_self=False))
                 or any(part is not None and not part.built for part in compiled))
 
-    def _traced_train_step(self, batch):
+    def trace_train_step(self, batch):
+        """The model's `train_step` on `batch`, its logs kept: what a build traces."""
         self.logs.keep("train", self.network.train_step(batch))
         return tf.constant(0)
 
