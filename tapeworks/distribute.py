@@ -88,8 +88,13 @@ def strategy() -> tf.distribute.Strategy:
     return chosen
 
 
-def resolve(given):
-    """(strategy, why) for a Trainer: the one given, the one in scope, or `choose()`."""
+def resolve(given, model_strategy=None):
+    """(strategy, why) for a Trainer: the one given, the one in scope, the model's, or `choose()`.
+
+    `model_strategy`: a Keras model's `distribute_strategy`, the strategy in
+    whose scope it was created, which Keras' `fit` uses wherever it is called
+    (`with strategy.scope(): model = ...` then `model.fit(...)` outside it).
+    """
     if given is not None:
         if not isinstance(given, tf.distribute.Strategy):
             raise ConfigError(
@@ -105,6 +110,9 @@ def resolve(given):
     if tf.distribute.has_strategy():
         _check_supported(tf.distribute.get_strategy())
         return tf.distribute.get_strategy(), "the scope the Trainer was created in"
+    if model_strategy is not None and model_strategy is not tf.distribute.get_strategy():
+        _check_supported(model_strategy)
+        return model_strategy, "the scope the model was created in"
     return choose()
 
 

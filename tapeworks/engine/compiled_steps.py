@@ -131,9 +131,13 @@ class CompiledSteps:
 
     # Steps -----------------------------------------------------------------------
 
+    def _runs_own_step(self, kind):
+        """Whether the `kind` ("train", "test") step is the model's own (`model_step`)."""
+        return self.task.own_train_step if kind == "train" else self.task.own_test_step
+
     def step(self, kind, mode, *, monitored=False, checks_finite=True):
         """One compiled step ("train" or "test") on one batch."""
-        if self.task.own_train_step if kind == "train" else self.task.own_test_step:
+        if self._runs_own_step(kind):
             return self._cached(StepKey(kind + "_step", mode, monitored, checks_finite),
                                 lambda: self._own_step(kind, mode, checks_finite))
 
@@ -187,7 +191,8 @@ class CompiledSteps:
                 self.strategy, with_extra=kind == "train" and self.state.capture is not None)
             return step.replicate(
                 self.step(kind, mode, monitored=monitored, checks_finite=checks_finite),
-                self.strategy, run_eagerly=self.config.run_eagerly, finish=finish)
+                self.strategy, run_eagerly=self.config.run_eagerly, finish=finish,
+                keras_loss_scaling=self._runs_own_step(kind))
 
         return self._cached(StepKey("replicated_" + kind, mode, monitored, checks_finite), build)
 

@@ -27,8 +27,7 @@ from tapeworks.engine import evaluation, explanation
 from tapeworks.engine.call_loop import CallLoop
 from tapeworks.engine.call_plan import CallPlan
 from tapeworks.engine.callback_bridge import EpochEndLine
-from tapeworks.engine.checks import fit_checks, loss_graph, retracing
-from tapeworks.engine.checks import rollback as rollback_lib
+from tapeworks.engine.checks import fit_checks, loss_graph, retracing, rollback as rollback_lib
 from tapeworks.engine.compiled_steps import CompiledSteps
 from tapeworks.engine.epoch import FitEpochs
 from tapeworks.engine.inputs import data_stage as data_stage_lib
@@ -208,7 +207,8 @@ class Trainer(evaluation.EvaluateAndPredict):
                  dead_gradient_steps: int | None = 50, monitor_every: int | None = None,
                  pruning: Pruning | None = None, strategy: tf.distribute.Strategy | None = None,
                  sync_batchnorm: bool = False, split_xla_step_bytes: int | None = None) -> None:
-        strategy, reason = distribute_lib.resolve(strategy)
+        strategy, reason = distribute_lib.resolve(strategy, getattr(
+            model, "distribute_strategy", None) if isinstance(model, keras.Model) else None)
         self.replication = distribute_lib.Replication(strategy, reason)
         self.config = config = config_lib.from_arguments(
             model, optimizer=optimizer, loss=loss, metrics=metrics, loss_weights=loss_weights,

@@ -75,16 +75,27 @@ class TrainingState:
     def _build_own_step(self, element_spec):
         """Builds what the model's own `train_step` creates: one scratch trace, else `tf.function`'s.
 
-        Under a replicated strategy a mirrored variable is made by the
-        strategy's own creator, which `tf.function`'s trace serves.
+        The step is traced in a replica context (`strategy.run`), as the
+        compiled step runs it: an optimizer's update asks for one
+        (`merge_call`). Under a replicated strategy a mirrored variable is
+        made by the strategy's own creator, which `tf.function`'s trace serves.
         """
         task, failures = self.task, []
-        if (replicas.is_replicated(self.strategy)
-                or trace_lifted(task.trace_train_step, element_spec, failures) is None):
+        model = task.network
+        if (replicas.is_replicated(self.strategy) and model.optimizer is not None
+                and not model.optimizer.built and model.built):
+            # As Keras' fit does under a strategy (`_symbolic_build`): its
+            # optimizer cannot build inside a replica's step.
+            model.optimizer.build(model.trainable_variables)
+
+        def in_replica(batch):
+            return self.strategy.run(task.trace_train_step, args=(batch,))
+
+        if trace_lifted(in_replica, element_spec, failures) is None:
             half_built = _half_built(task.models)
             if half_built:
                 raise _half_built_error(half_built, failures)
-            task.build_steps(element_spec)
+            task.build_steps(element_spec, in_replica)
         task.reset_metrics()
 
     def _build_in_scope(self, element_spec, targets, lazy_losses=False):

@@ -149,8 +149,14 @@ class OwnLogs:
         if reads:
             return
         kept = self.kept.setdefault(kind, {})
+        context = tf.distribute.get_replica_context()
         for key, value in flattened(logs).items():
             value = tf.convert_to_tensor(value)
+            if (context is not None and context.num_replicas_in_sync > 1
+                    and value.dtype.is_floating):
+                # Keras reports a step's logs as their mean over the replicas
+                # (`reduce_per_replica(..., "auto")` off TPUs).
+                value = context.all_reduce(tf.distribute.ReduceOp.MEAN, value)
             if key not in kept:
                 with tf.init_scope():
                     # Created eagerly even while the step traces: the loop
@@ -218,7 +224,7 @@ class ModelStepTask(task_lib.SupervisedTask):
             self._updates[0] = task_lib.Update("model", "loss", [model], model.optimizer)
         self.logs = OwnLogs(model)
 
-    def build_steps(self, element_spec):
+    def build_steps(self, element_spec, trace=None):
         """Creates every variable the model's `train_step` creates, by tracing it with `tf.function`.
 
         Keras' own fit builds a model with a custom step the same way: by
@@ -227,10 +233,13 @@ class ModelStepTask(task_lib.SupervisedTask):
         `tf.function` traces a step that creates variables twice; the
         training state first tries one trace in a scratch graph
         (`training_state.trace_lifted`) and comes here where that cannot.
+        `trace`: what to trace (default `trace_train_step`; the training state
+        passes it wrapped in its strategy's `run`).
         """
         if not self.needs_build():
             return
-        tf.function(self.trace_train_step, autograph=False).get_concrete_function(element_spec)
+        tf.function(trace or self.trace_train_step,
+                    autograph=False).get_concrete_function(element_spec)
         self.reset_metrics()
 
     def needs_build(self):

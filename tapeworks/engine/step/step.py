@@ -22,6 +22,7 @@ Per-step checks (numerics, gradient monitors) plug in at `StepHooks`: each hook
 sees the loss and the (gradient, variable) pairs of every update, in the graph.
 """
 
+import contextlib
 import math
 
 import keras
@@ -244,7 +245,7 @@ def compile_step(step, *, jit_compile, run_eagerly, autograph=False):
                        autograph=autograph)
 
 
-def replicate(step_fn, strategy, *, run_eagerly, finish=None):
+def replicate(step_fn, strategy, *, run_eagerly, finish=None, keras_loss_scaling=False):
     """Layer 2: `run(batch)`, `step_fn` on each replica's part of `batch`.
 
     On one device, `strategy.run` (the step is compiled by `compile_step`).
@@ -254,10 +255,14 @@ def replicate(step_fn, strategy, *, run_eagerly, finish=None):
     `strategy.run` traced inside the loop's `tf.cond`, nor a `merge_call`
     (the optimizer's all-reduce) inside a step compiled apart.
     `finish(per_replica_outputs)` turns the replicas' outputs into one value,
-    inside that function.
+    inside that function. `keras_loss_scaling`: leave Keras' losses dividing
+    by the replica count (`replicas.losses_per_replica` is for tapeworks'
+    own step, which divides itself): a model's own `train_step` is Keras
+    code, whose `compute_loss` counts on that division for its gradients.
     """
     def run(batch):
-        with replicas.losses_per_replica():
+        with (contextlib.nullcontext() if keras_loss_scaling
+              else replicas.losses_per_replica()):
             out = strategy.run(step_fn, args=(batch,))
         return finish(out) if finish is not None else out
 

@@ -62,6 +62,23 @@ def test_the_strategy_argument_is_the_scope_the_trainer_was_made_in():
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+def test_a_trainer_made_outside_the_scope_uses_the_strategy_the_model_was_made_in():
+    # Keras' fit does: `with strategy.scope(): model = ...`, then `model.fit` outside.
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    expected, _ = _train(tf.distribute.get_strategy())
+    x, y = models.regression_data(n=32)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = models.sequential()
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    trainer = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False, steps_per_call=2,
+                                plan_cache=False)
+    assert trainer.replication.strategy is strategy
+    trainer.fit((x, y), batch_size=8, epochs=2, verbose=0, shuffle=False)
+    for want, got in zip(expected, model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 def test_a_model_built_outside_the_scope_is_refused_and_untouched():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     x, y = models.regression_data(n=16)
