@@ -23,6 +23,10 @@ BATCHES = {"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset", "PaddedBatchD
 CACHES = {"CacheDataset", "CacheDatasetV2", "MemoryCacheDataset"}
 MAPS = {"MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2"}
 PY_FUNCS = {"EagerPyFunc", "PyFunc", "PyFuncStateless"}
+# What the sequential map inside `Dataset.ragged_batch` runs (each element
+# to a ragged variant, before its batch): tf.data's step, not the user's map.
+RAGGED_BATCH_MAP_OPS = {"Identity", "Const", "Cast", "Sub", "RaggedTensorToVariant",
+                        "RaggedTensorFromVariant"}
 SMALL_SHUFFLE_SHARE = 0.1   # a buffer under a tenth of the examples shuffles only locally
 
 
@@ -152,7 +156,10 @@ def check_graph(graph, training=None):
                     "cache first, then shuffle (map -> cache -> shuffle)")
         if op in MAPS and index not in generator_prefix:
             called = _called_ops(node, functions)
-            if op == "MapDataset":
+            # (A user's map of only such ops, a cast, costs as little: nothing to tell.)
+            ragged_batch = (index + 1 < len(chain) and chain[index + 1].op in BATCHES
+                            and called <= RAGGED_BATCH_MAP_OPS)
+            if op == "MapDataset" and not ragged_batch:
                 # After a batch it maps whole batches; before a cache, only the first pass.
                 unit = "batch" if last_batch is not None else "example"
                 cached = any(later.op in CACHES for later in chain[index + 1:])

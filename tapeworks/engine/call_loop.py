@@ -177,10 +177,12 @@ class CallLoop:
         function for its last steps. Only a trainer's first fit, from step
         0: a script that calls `fit` again and again (one epoch each) is
         measured from its second fit on, as before, and its loop reuses the
-        step traced here.
+        step traced here. Not with steps per call fixed (the Trainer's, or the
+        model's `steps_per_execution`): its callbacks' batch hooks fire as asked.
         """
         return (bool(length) and remaining is not None and remaining <= FEW_STEPS
-                and self.fits == 1 and self.host_step == 0 and not self.config.run_eagerly)
+                and self.fits == 1 and self.host_step == 0 and not self.config.run_eagerly
+                and self.config.steps_per_call == "auto")
 
     def few_steps_mode(self, planned):
         """The mode of a few-step fit's calls: the one fixed, else tf.function (Keras' default)."""

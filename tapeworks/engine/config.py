@@ -97,6 +97,24 @@ def from_arguments(model, *, optimizer, loss, metrics, loss_weights, weighted_me
             if options["jit_compile"] in (True, "update"):
                 options["jit_compile"] = False
     options["run_eagerly"] = run_eagerly
+    if isinstance(model, keras.Model) and getattr(model, "compiled", False) and not run_eagerly:
+        # What the model's compile() asked for, as Keras' fit runs it; the
+        # Trainer's own argument, when given, wins. (On TensorFlow, Keras'
+        # "auto" resolves to jit_compile=False: True is the user's.)
+        if (options["jit_compile"] == "auto" and model.jit_compile is True
+                and not replicated and not options["deterministic"]):
+            options["jit_compile"] = True
+        asked = getattr(model, "steps_per_execution", 1)
+        if (options["steps_per_call"] == "auto" and isinstance(asked, int)
+                and not isinstance(asked, bool) and asked > 1):
+            options["steps_per_call"] = asked
+    if run_eagerly and options["steps_per_call"] == "auto":
+        # Debugging, as Keras' eager fit runs: one step a call, so every
+        # batch hook fires (nothing to gain from longer eager calls), no XLA:
+        # nothing left for "auto" to measure or announce.
+        options["steps_per_call"] = 1
+        if options["jit_compile"] == "auto":
+            options["jit_compile"] = False
     jit_compile, steps_per_call = options["jit_compile"], options["steps_per_call"]
     if jit_compile not in (True, False, "update", "auto"):
         raise ConfigError(

@@ -52,6 +52,10 @@ class FitEpochs:
     def run(self, initial_epoch):
         """Trains epochs `initial_epoch` .. `epochs - 1`; returns the last epoch's logs."""
         logs = None
+        # Keras' fit resets its epoch iterator before the first epoch, which
+        # ends an epoch of a PyDataset: its `on_epoch_end` (a reshuffle) runs
+        # once more than the epochs, first of all.
+        self.data.train.on_epoch_end()
         for epoch in range(initial_epoch, self.epochs):
             progress, start = self.begin(epoch)
             result = self.run_batches(epoch, progress, start)

@@ -73,6 +73,9 @@ class EvaluateAndPredict:
                               "Expected Keras' evaluate arguments.")
         self.task.check_unchanged()
         prepared = self._prepare(x, y, sample_weight, batch_size, steps)
+        # Keras' evaluate resets its epoch iterator first, which ends an epoch
+        # of a PyDataset (its `on_epoch_end` reorders some datasets' data).
+        prepared.on_epoch_end()
         verbose = resolve_verbose(verbose)
         logs = self._evaluate(prepared, callback_list(
             callbacks, verbose, prepared.steps, self.model))

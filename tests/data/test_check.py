@@ -49,6 +49,21 @@ def test_each_finding(code):
     assert str(finding).startswith(code) and "Fix:" in str(finding)
 
 
+def test_the_map_inside_ragged_batch_is_not_the_users_and_gets_no_td005():
+    # `Dataset.ragged_batch` maps each element to a ragged variant before its
+    # batch, sequentially: the user wrote no `.map()` and cannot parallelise it.
+    ragged = tf.ragged.constant([[1, 2], [3], [4, 5, 6], [7]], dtype=tf.int32)
+    for features in (ragged, tf.constant([[1, 2], [3, 4], [5, 6], [7, 8]])):
+        pipeline = tf.data.Dataset.from_tensor_slices((features, [0.0, 1.0, 0.0, 1.0]))
+        found = data.check(pipeline.shuffle(4).ragged_batch(2).prefetch(AUTOTUNE),
+                           training=True)
+        assert "TD005" not in [f.code for f in found]
+    # A map the user wrote before it is still named.
+    mapped = tf.data.Dataset.from_tensor_slices((ragged, [0.0, 1.0, 0.0, 1.0])).shuffle(4).map(
+        lambda x, y: (x * 2, y)).ragged_batch(2).prefetch(AUTOTUNE)
+    assert [f.code for f in data.check(mapped, training=True)].count("TD005") == 1
+
+
 def test_a_map_says_what_it_runs_one_at_a_time_and_when_a_cache_limits_it():
     def message(dataset):
         return next(f.message for f in data.check(dataset, training=True) if f.code == "TD005")

@@ -439,3 +439,40 @@ def test_an_endpoint_model_with_add_loss_trains_on_inputs_alone_as_in_keras():
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-4)
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+class _BatchEnds(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(batch)
+
+
+def test_the_models_compile_jit_compile_and_steps_per_execution_are_kept():
+    # As the guide says: arguments the Trainer is not given keep the model's
+    # compile settings. They were replaced by "auto".
+    model = one_input()
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True, steps_per_execution=4)
+    trainer = tapeworks.Trainer(model, plan_cache=False)
+    assert (trainer.jit_compile, trainer.steps_per_call) == (True, 4)
+    ends = _BatchEnds()
+    trainer.fit(X, LABELS, batch_size=6, epochs=1, shuffle=False, verbose=0, callbacks=[ends])
+    # 7 batches in calls of 4: one hook a call, at its last batch.
+    assert ends.batches == [3, 6]
+    # The Trainer's own arguments win.
+    given = tapeworks.Trainer(model, jit_compile=False, steps_per_call=2, plan_cache=False)
+    assert (given.jit_compile, given.steps_per_call) == (False, 2)
+
+
+def test_a_model_compiled_to_run_eagerly_gets_every_batch_hook_as_in_keras():
+    model = one_input()
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  run_eagerly=True)
+    ends = _BatchEnds()
+    trainer = tapeworks.Trainer(model, plan_cache=False)
+    trainer.fit(X, LABELS, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[ends])
+    assert ends.batches == [0, 1, 2, 3, 4] * 2
+    assert trainer.steps_per_call == 1

@@ -152,6 +152,37 @@ def test_a_generator_trains_as_in_keras():
         x=batches(), epochs=1)))
 
 
+def test_an_endless_generator_object_validates_every_epoch_going_on_where_it_stopped():
+    # Keras reads validation_data's generator on from where the last epoch
+    # stopped. tapeworks validated the first epoch only: the generator was
+    # closed when that pass ended, and later epochs had no val_loss.
+    x_val, y_val = X[:20], Y[:20]
+    drawn = []
+
+    def endless():
+        while True:
+            for start in range(0, 20, 5):
+                drawn.append(start)
+                yield x_val[start:start + 5], y_val[start:start + 5]
+
+    class ValueAtEpochEnd(keras.callbacks.Callback):
+        expected = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            # 4 batches of 5 cover the 20 rows once, in whatever order: their mean.
+            kernel, bias = (w.numpy() for w in self.model.weights)
+            self.expected.append(float(np.mean((x_val @ kernel + bias - y_val) ** 2)))
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((X.shape[1],)), keras.layers.Dense(1)])
+    history = tapeworks.Trainer(model, "sgd", "mse", jit_compile=False).fit(
+        X, Y, batch_size=8, epochs=3, shuffle=False, verbose=0, validation_data=endless(),
+        validation_steps=4, callbacks=[ValueAtEpochEnd()])
+    np.testing.assert_allclose(history.history["val_loss"], ValueAtEpochEnd.expected,
+                               rtol=1e-5)
+    assert len(drawn) >= 12
+
+
 def test_a_dict_of_features_with_a_key_that_names_no_input_trains_as_keras_reads_it():
     # The preprocessing-layers tutorial's dataset also carries its target
     # column; Keras reads a dict by the inputs' names and leaves that key out.
@@ -201,3 +232,69 @@ def test_a_model_built_under_keras_mixed_float16_policy_keeps_keras_history_keys
     assert model.layers[1].compute_dtype == "float16"
     assert sorted(got.history) == sorted(expected.history) == ["loss"]
     np.testing.assert_allclose(got.history["loss"], expected.history["loss"], rtol=1e-3)
+
+
+class _EndpointLoss(keras.layers.Layer):
+    """An `add_loss` endpoint: the model's only loss, so it is fitted on x alone."""
+
+    def call(self, inputs, prediction):
+        self.add_loss(keras.ops.mean(keras.ops.square(inputs[:, :1] - prediction)))
+        return prediction
+
+
+def test_validation_split_of_x_alone_for_an_add_loss_model_validates_as_keras():
+    # It was refused: the split's (x_val, None, None) was read as a
+    # `validation_data` tuple of 3 items.
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((X.shape[1],))
+        model = keras.Model(inputs, _EndpointLoss()(inputs, keras.layers.Dense(1)(inputs)))
+        model.compile("sgd", loss=None)
+        return model
+
+    reference, model = build(), build()
+    arguments = dict(batch_size=8, epochs=2, shuffle=False, verbose=0, validation_split=0.25)
+    expected = reference.fit(X, **arguments)
+    history = tapeworks.Trainer(model, jit_compile=False).fit(X, **arguments)
+    assert sorted(history.history) == sorted(expected.history) == ["loss", "val_loss"]
+    for key, values in expected.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, err_msg=key)
+
+
+class _Rotating(keras.utils.PyDataset):
+    """A PyDataset whose `on_epoch_end` rotates the order of its batches."""
+
+    def __init__(self):
+        super().__init__()
+        self.order, self.ends = list(range(4)), 0
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        start = self.order[index] * 6
+        return X[start:start + 6], Y[start:start + 6]
+
+    def on_epoch_end(self):
+        self.ends += 1
+        self.order = self.order[1:] + self.order[:1]
+
+
+def test_a_py_datasets_on_epoch_end_runs_before_the_first_epoch_as_in_keras():
+    # Keras' fit and evaluate reset their epoch iterator first, which calls it.
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((X.shape[1],)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    reference, model = build(), build()
+    keras_data, tapeworks_data = _Rotating(), _Rotating()
+    expected = reference.fit(keras_data, epochs=3, verbose=0, shuffle=False)
+    trainer = tapeworks.Trainer(model, jit_compile=False)
+    history = trainer.fit(tapeworks_data, epochs=3, verbose=0, shuffle=False)
+    assert tapeworks_data.ends == keras_data.ends == 4
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
+    reference.evaluate(keras_data, verbose=0)
+    trainer.evaluate(tapeworks_data, verbose=0)
+    assert tapeworks_data.ends == keras_data.ends

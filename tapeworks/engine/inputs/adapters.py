@@ -511,14 +511,19 @@ def _from_generator(data, name):
         make = data
         probe = make()
     else:
-        # A generator object can be read once only: the Trainer refuses a
-        # second epoch on it before training (see `Trainer.fit`).
+        # A generator object can be read once only: a later pass goes on
+        # where the last one stopped, as Keras reads it (an endless generator
+        # as validation_data with validation_steps, or x with steps_per_epoch);
+        # the Trainer refuses a second epoch of one without steps_per_epoch
+        # before training (see `Trainer.fit`).
         probe = data
         consumed = [False]
 
         def make():
+            # Through `chain`, which has no `close`: a pass that stops early
+            # (`yield from` closes what it delegates to) leaves it open.
             if consumed[0]:
-                return iter(())
+                return itertools.chain(probe)
             consumed[0] = True
             return itertools.chain([first], probe)
 

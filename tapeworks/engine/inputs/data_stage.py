@@ -192,8 +192,9 @@ class DataStage:
                  steps_per_epoch, validation_split, validation_data, validation_batch_size,
                  validation_steps):
         """(training data, validation data or None) for `fit`'s arguments."""
+        split = None   # (x_val, y_val, sample_weight_val); y_val is None for x alone
         if validation_split and validation_data is None:
-            (x, y, sample_weight), validation_data = adapters.split_validation(
+            (x, y, sample_weight), split = adapters.split_validation(
                 x, y, sample_weight, validation_split)
         train = self.prepare(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
                              class_weight=class_weight, purpose="fit", name="x",
@@ -201,8 +202,9 @@ class DataStage:
         if steps_per_epoch is not None:
             train.steps = steps_per_epoch
         validation = None
-        if validation_data is not None:
-            val_x, val_y, val_weight = adapters.unpack_validation_data(validation_data)
+        if validation_data is not None or split is not None:
+            val_x, val_y, val_weight = (split if split is not None
+                                        else adapters.unpack_validation_data(validation_data))
             validation = self.prepare(
                 val_x, val_y, val_weight, batch_size=validation_batch_size or batch_size,
                 steps=validation_steps, purpose="evaluate", name="validation_data",

@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import types
-import warnings
 
 import keras
 import tensorflow as tf
@@ -271,13 +270,12 @@ def warn_low_precision_outputs(model, y_pred):
            if t is not None and t.dtype in (tf.float16, tf.bfloat16)]
     if low:
         names = ", ".join(layer.name for layer in output_layers(model)) or model.name
-        warnings.warn(
-            f"The outputs of `{model.name}` are computed in {low[0].dtype.name} (by "
-            f"{names}). tapeworks casts them to float32 before the loss, but the last "
-            "layer itself ran in low precision. Fix: give the final layer (and its "
-            "activation) `dtype=\"float32\"`.",
-            stacklevel=2,
-        )
+        # A CorrectnessWarning (catchable with the rest of tapeworks'), at the user's line.
+        from tapeworks.errors import CorrectnessWarning, warn
+        warn(f"tapeworks: the outputs of `{model.name}` are computed in {low[0].dtype.name} "
+             f"(by {names}). tapeworks casts them to float32 before the loss, but the last "
+             "layer itself ran in low precision. Fix: give the final layer (and its "
+             "activation) `dtype=\"float32\"`.", CorrectnessWarning, section="setup-mistakes")
 
 
 def to_float32(y_pred):

@@ -160,7 +160,8 @@ def test_low_precision_output_is_named_in_a_warning():
     model = models.TwoLayer()  # subclassed: tapeworks cannot tell its output layer
     trainer = tapeworks.Trainer(model, "sgd", "mse", precision="mixed_bfloat16",
                                 jit_compile=False)
-    with pytest.warns(UserWarning, match="computed in bfloat16.*dtype=\"float32\""):
+    with pytest.warns(tapeworks.CorrectnessWarning,
+                      match="computed in bfloat16.*dtype=\"float32\".*setup-mistakes"):
         trainer.fit(models.regression_data(n=16), batch_size=8, verbose=0)
 
 
