@@ -36,6 +36,10 @@ class TimeBudget(keras.callbacks.Callback):
         ValueError: when neither `seconds` nor `steps` is given.
     """
 
+    # Its batch hook counts the steps each call ran: calls of several steps
+    # keep their speed (`callback_bridge.needs_every_train_batch`).
+    batch_hooks_per_call = True
+
     def __init__(self, optimizer, learning_rate, seconds=None, steps=None, verbose=True):
         super().__init__()
         if seconds is None and steps is None:

@@ -22,7 +22,7 @@ from tapeworks.engine.checks import gradient_health
 from tapeworks.engine.checks import monitor as monitor_lib
 from tapeworks.engine.checks import nonfinite as nonfinite_lib
 from tapeworks.engine.checks import value_checks
-from tapeworks.errors import DataSpecError
+from tapeworks.errors import CorrectnessWarning, DataSpecError, warn
 
 # A fit with at most this many steps left runs each as one call, without the
 # loop (`CallLoop.few_steps_left`); evaluation's FEW_BATCHES is its twin.
@@ -46,6 +46,8 @@ class CallLoop:
         self.compiled = compiled
         self.state = state
         self.few_steps = None   # this fit runs each step as one call (`few_steps_left`)
+        self.every_batch = None  # a user's batch hooks see every batch (`needs_every_train_batch`)
+        self.said_ran_out = False  # this fit warned that its data ran out (`_ran_out`)
         self.fits = 0
         self.config = config
         self.replication = replication
@@ -66,6 +68,8 @@ class CallLoop:
 
     def start_fit(self):
         self.few_steps = None
+        self.every_batch = None
+        self.said_ran_out = False
         self.fits += 1
         # `value()`: the read alone (`numpy()` adds an Identity op, whose int64
         # kernel's first use cost 3 ms of a fresh process' fit, AMD EPYC).
@@ -98,12 +102,21 @@ class CallLoop:
                 # Decided at the fit's first call, for the whole fit.
                 self.few_steps = self.few_steps_left(length, planner.remaining_steps)
             few = self.few_steps
+            if self.every_batch is None:
+                # With steps per call left to "auto", a callback of the user's
+                # own with batch hooks sees every batch, as in Keras' fit.
+                self.every_batch = (self.config.steps_per_call == "auto"
+                                    and callback_bridge.needs_every_train_batch(callbacks))
             if epoch_steps:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
-            if few:
+            if few or self.every_batch:
                 num_steps = 1
+            if steps_per_epoch is not None and steps_done and batches.used_up():
+                # Data of known length used up mid-epoch: as when a call finds none.
+                self._ran_out(batches, epoch, steps_done, steps_per_epoch)
+                break
             monitored, num_steps = self.monitor.steps_of_call(self.host_step, num_steps)
             iterator = batches.iterator()
             # The planner times each call with the host's work for it (the
@@ -153,15 +166,42 @@ class CallLoop:
                 # The data ran out.
                 if steps_per_epoch is None:
                     break
-                if restarted or not batches.prepared.reusable:
-                    raise DataSpecError(batches.prepared.empty_message(
-                        epoch, steps_done, steps_per_epoch))
-                batches.restart()
-                restarted = True
+                if steps_done == 0:
+                    # Used up where the last epoch stopped: start it again.
+                    if restarted or not batches.prepared.reusable:
+                        raise DataSpecError(batches.prepared.empty_message(
+                            epoch, steps_done, steps_per_epoch))
+                    batches.restart()
+                    restarted = True
+                    continue
+                self._ran_out(batches, epoch, steps_done, steps_per_epoch)
+                break
         if steps_done == 0:
             raise DataSpecError(batches.prepared.empty_message(epoch, 0, steps_per_epoch))
         self.cross_entropy.after_epoch(epoch, logs, batches.prepared.name)
         return EpochResult(steps_done, samples_done, logs)
+
+    def _ran_out(self, batches, epoch, steps_done, steps_per_epoch):
+        """The data ran out mid-epoch under `steps_per_epoch`: the epoch ends short, as in Keras.
+
+        Keras' fit warns, ends that epoch and starts the data again at the
+        next one. A generator object cannot start again: training stops there,
+        with what it trained (Keras goes on with what its adapter kept).
+        """
+        reusable = batches.prepared.reusable
+        if not self.said_ran_out:
+            self.said_ran_out = True
+            then = ("the next epoch starts the data again" if reusable else
+                    "a generator object cannot start again, so training stops here")
+            warn(f"The training data ran out in epoch {epoch + 1} after {steps_done} of "
+                 f"steps_per_epoch={steps_per_epoch} steps: the epoch ended short, as in "
+                 f"Keras' fit, and {then}. Fix: make steps_per_epoch the data's batches per "
+                 "epoch, leave it None, or `.repeat()` the dataset (an endless generator "
+                 "for a generator).", CorrectnessWarning)
+        if reusable:
+            batches.restart()
+        else:
+            self.state.task.model.stop_training = True
 
     def few_steps_left(self, length, remaining):
         """Whether a fit of `remaining` steps is short enough to run each step as one call.

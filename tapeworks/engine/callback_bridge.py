@@ -30,6 +30,32 @@ def wants_batch_hooks(callback_list, kind):
     return False
 
 
+def needs_every_train_batch(callback_list):
+    """True when a callback of the user's own implements a training batch hook.
+
+    Keras' fit calls those hooks after every batch (steps_per_execution=1 is
+    its default), and a user's hook may count on it: one that sets
+    `stop_training` at batch 2, or logs each batch. Keras' own callbacks are
+    written for calls of several steps (ModelCheckpoint's `save_freq` counts
+    batch indices, not calls), as is `LambdaCallback`'s only when it wraps no
+    batch hook. A callback that handles calls of several steps says so with a
+    class attribute `batch_hooks_per_call = True`.
+    """
+    for callback in callback_list.callbacks:
+        if getattr(callback, "batch_hooks_per_call", False):
+            continue
+        own = (isinstance(callback, keras.callbacks.LambdaCallback)
+               or not type(callback).__module__.startswith("keras."))
+        if not own:
+            continue
+        for hook in ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
+                     "on_batch_end"):
+            method = getattr(callback, hook, None)
+            if method is not None and not is_default(method):
+                return True
+    return False
+
+
 class EpochEndLine(keras.callbacks.Callback):
     """Writes each epoch's last progress line, from the logs the callbacks see.
 

@@ -151,3 +151,44 @@ def test_verbose_two_prints_a_line_per_epoch(data, capsys):
     _trainer().fit(data, batch_size=8, epochs=2, verbose=2)
     out = capsys.readouterr().out
     assert out.count("Epoch ") == 2 and "samples/s" in out and "loss" in out
+
+
+class _StopAtBatchTwo(keras.callbacks.Callback):
+    """A user's batch hook that counts on seeing every batch, as Keras' fit calls it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(batch)
+        if batch == 2:
+            self.model.stop_training = True
+
+
+def test_a_users_batch_hook_sees_every_batch_when_steps_per_call_is_auto(data):
+    # It saw calls of several steps: batch 2 never came, and training ran on.
+    trainer = _trainer(steps_per_call="auto", plan_cache=False)
+    stop = _StopAtBatchTwo()
+    history = trainer.fit(data, batch_size=8, epochs=5, callbacks=[stop], verbose=0)
+    assert stop.seen == [0, 1, 2]
+    assert len(history.history["loss"]) == 1
+    assert int(trainer.optimizer.iterations.numpy()) == 3
+
+
+def test_which_callbacks_need_every_batch():
+    from tapeworks.engine.callback_bridge import needs_every_train_batch
+
+    def needs(*callbacks):
+        return needs_every_train_batch(keras.callbacks.CallbackList(list(callbacks)))
+
+    class PerCall(_StopAtBatchTwo):
+        batch_hooks_per_call = True
+
+    # Keras' own are written for calls of several steps (steps_per_execution).
+    assert not needs(keras.callbacks.ModelCheckpoint("/tmp/unused.keras", save_freq=5),
+                     keras.callbacks.TensorBoard(update_freq=1), keras.callbacks.History(),
+                     keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None))
+    assert needs(keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None))
+    assert needs(_StopAtBatchTwo())
+    assert not needs(PerCall())

@@ -200,9 +200,14 @@ def test_exhausted_generator_object_gets_a_clear_error():
         trainer.fit(gen, epochs=2, steps_per_epoch=2, verbose=0)
 
 
-def test_steps_per_epoch_carries_the_iterator_over():
+def test_steps_per_epoch_carries_the_iterator_over_and_ends_an_epoch_short_at_the_end():
     x, y = models.regression_data(n=40)  # 5 batches of 8
     trainer = tapeworks.Trainer(models.sequential(), "sgd", "mse", jit_compile=False,
                                 steps_per_call=2)
-    trainer.fit((x, y), batch_size=8, epochs=3, steps_per_epoch=3, verbose=0)
-    assert int(trainer.optimizer.iterations) == 9
+    with pytest.warns(tapeworks.CorrectnessWarning,
+                      match="ran out in epoch 2 after 2 of steps_per_epoch=3.*ended short"):
+        history = trainer.fit((x, y), batch_size=8, epochs=3, steps_per_epoch=3, verbose=0)
+    # 3 steps, then the last 2 batches (the epoch ends short, as in Keras'
+    # fit), then the data again from its start: 3.
+    assert int(trainer.optimizer.iterations) == 8
+    assert len(history.history["loss"]) == 3

@@ -76,10 +76,12 @@ CASES = {
     "initial_epoch": (one_input, dict(x=X, y=LABELS, batch_size=8, epochs=3, initial_epoch=1,
                                       shuffle=False)),
     # Two epochs of 2 of the 5 batches: the iterator carries over, as in Keras.
-    # (When it runs out, Keras stops training and tapeworks restarts the data:
-    # see the README's table.)
     "steps_per_epoch": (one_input, dict(x=X, y=LABELS, batch_size=8, epochs=2,
                                         steps_per_epoch=2, shuffle=False)),
+    # Past the data: the third epoch ends short (1 batch), the fourth starts
+    # the data again, as in Keras' fit.
+    "steps_per_epoch past the data": (one_input, dict(x=X, y=LABELS, batch_size=8, epochs=4,
+                                                      steps_per_epoch=2, shuffle=False)),
     "validation_steps": (one_input, dict(
         x=X[:30], y=LABELS[:30], batch_size=8, epochs=1, shuffle=False,
         validation_data=(X[30:], LABELS[30:]), validation_steps=2, validation_batch_size=2)),

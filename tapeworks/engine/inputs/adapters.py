@@ -310,9 +310,12 @@ class EpochBatches:
         self._used = 0
         self.passes += 1
 
+    def used_up(self):
+        """Whether every batch of data of known length was drawn in this pass."""
+        return bool(self._batches) and self._used >= self._batches
+
     def iterator(self):
-        if (self.steps_per_epoch is not None and self._batches
-                and self._used >= self._batches and self.prepared.reusable):
+        if self.steps_per_epoch is not None and self.used_up() and self.prepared.reusable:
             self.restart()
         return self._iterator
 

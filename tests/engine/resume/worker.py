@@ -105,6 +105,9 @@ def main(spec):
     log = open(spec["log"], "a", buffering=1)
 
     class Record(keras.callbacks.Callback):
+        # It reads the step counter: calls of several steps ("auto") are kept.
+        batch_hooks_per_call = True
+
         def on_train_batch_end(self, batch, logs=None):
             step = int(trainer.counters.step)
             loss = logs.get("loss", logs.get("d_loss"))
