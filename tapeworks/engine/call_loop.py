@@ -101,17 +101,19 @@ class CallLoop:
             if self.few_steps is None:
                 # Decided at the fit's first call, for the whole fit.
                 self.few_steps = self.few_steps_left(length, planner.remaining_steps)
-            few = self.few_steps
             if self.every_batch is None:
                 # With steps per call left to "auto", a callback of the user's
-                # own with batch hooks sees every batch, as in Keras' fit.
+                # own with batch hooks sees every batch, as in Keras' fit: each
+                # step one call, as a few-step fit runs them (nothing measured,
+                # so no plan of one-step calls is stored for runs without it).
                 self.every_batch = (self.config.steps_per_call == "auto"
                                     and callback_bridge.needs_every_train_batch(callbacks))
+            few = self.few_steps or self.every_batch
             if epoch_steps:
                 # Never ask past the end of the epoch: a call that fits is
                 # measured whole.
                 num_steps = max(1, min(num_steps, epoch_steps - steps_done))
-            if few or self.every_batch:
+            if few:
                 num_steps = 1
             if steps_per_epoch is not None and steps_done and batches.used_up():
                 # Data of known length used up mid-epoch: as when a call finds none.
