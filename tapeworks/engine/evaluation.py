@@ -73,15 +73,15 @@ class EvaluateAndPredict:
                               "Expected Keras' evaluate arguments.")
         self.task.check_unchanged()
         prepared = self._prepare(x, y, sample_weight, batch_size, steps)
-        # Keras' evaluate resets its epoch iterator first, which ends an epoch
-        # of a PyDataset (its `on_epoch_end` reorders some datasets' data).
-        prepared.on_epoch_end()
         verbose = resolve_verbose(verbose)
         logs = self._evaluate(prepared, callback_list(
             callbacks, verbose, prepared.steps, self.model))
         return logs if return_dict else flatten_logs(self.task, logs)
 
     def _evaluate(self, prepared, callback_list):
+        # Keras' evaluate (fit's validation included) resets its epoch iterator
+        # first, which ends an epoch of a PyDataset: its `on_epoch_end` runs.
+        prepared.on_epoch_end()
         mode = self.compiled.inference_mode(self.jit_compile)
         batches = adapters.cardinality(prepared.dataset)
         if (batches is not None and batches <= FEW_BATCHES and not self.config.run_eagerly

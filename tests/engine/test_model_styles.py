@@ -298,3 +298,8 @@ def test_a_py_datasets_on_epoch_end_runs_before_the_first_epoch_as_in_keras():
     reference.evaluate(keras_data, verbose=0)
     trainer.evaluate(tapeworks_data, verbose=0)
     assert tapeworks_data.ends == keras_data.ends
+    # As validation_data too: Keras resets it before each pass.
+    keras_validation, tapeworks_validation = _Rotating(), _Rotating()
+    reference.fit(X, Y, epochs=2, verbose=0, validation_data=keras_validation)
+    trainer.fit(X, Y, epochs=2, verbose=0, validation_data=tapeworks_validation)
+    assert tapeworks_validation.ends == keras_validation.ends
