@@ -20,13 +20,18 @@ def python_logs(logs):
 
 def wants_batch_hooks(callback_list, kind):
     """True when a callback other than Keras' progress bar implements `kind`'s batch hooks."""
-    for callback in callback_list.callbacks:
-        if isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.History)):
-            continue
-        for hook in (f"on_{kind}_batch_begin", f"on_{kind}_batch_end"):
-            method = getattr(callback, hook, None)
-            if method is not None and not is_default(method):
-                return True
+    return any(
+        _implements(callback, f"on_{kind}_batch_begin", f"on_{kind}_batch_end")
+        for callback in callback_list.callbacks
+        if not isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.History)))
+
+
+def _implements(callback, *hooks):
+    """Whether `callback` overrides any of `hooks` (Keras marks its no-op ones `default`)."""
+    for hook in hooks:
+        method = getattr(callback, hook, None)
+        if method is not None and not is_default(method):
+            return True
     return False
 
 
@@ -41,19 +46,13 @@ def needs_every_train_batch(callback_list):
     batch hook. A callback that handles calls of several steps says so with a
     class attribute `batch_hooks_per_call = True`.
     """
-    for callback in callback_list.callbacks:
-        if getattr(callback, "batch_hooks_per_call", False):
-            continue
-        own = (isinstance(callback, keras.callbacks.LambdaCallback)
-               or not type(callback).__module__.startswith("keras."))
-        if not own:
-            continue
-        for hook in ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
-                     "on_batch_end"):
-            method = getattr(callback, hook, None)
-            if method is not None and not is_default(method):
-                return True
-    return False
+    return any(
+        _implements(callback, "on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
+                    "on_batch_end")
+        for callback in callback_list.callbacks
+        if not getattr(callback, "batch_hooks_per_call", False)
+        and (isinstance(callback, keras.callbacks.LambdaCallback)
+             or not type(callback).__module__.startswith("keras.")))
 
 
 class EpochEndLine(keras.callbacks.Callback):

@@ -77,8 +77,8 @@ class TrainingState:
 
         The step is traced in a replica context (`strategy.run`), as the
         compiled step runs it: an optimizer's update asks for one
-        (`merge_call`). Under a replicated strategy a mirrored variable is
-        made by the strategy's own creator, which `tf.function`'s trace serves.
+        (`merge_call`). Under a replicated strategy the optimizer is built
+        first, in the strategy's scope, as Keras builds it.
         """
         task, failures = self.task, []
         model = task.network

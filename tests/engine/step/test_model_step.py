@@ -165,14 +165,19 @@ def test_a_vae_shaped_model_without_call_trains_on_x_alone_as_in_keras():
 
 
 class TwoOptimizers(keras.Model):
-    """A GAN's shape: two sub-models, each with its own optimizer built in the first step."""
+    """A GAN's shape: two sub-models, each with its own optimizer built in the first step.
 
-    def __init__(self):
+    `built=False`: two unbuilt Dense layers, which the first trace builds.
+    """
+
+    def __init__(self, built=True):
         super().__init__()
-        self.first = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
-            1, kernel_initializer="ones")])
-        self.second = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
-            1, kernel_initializer="zeros")])
+        first = keras.layers.Dense(1, kernel_initializer="ones")
+        second = keras.layers.Dense(1, kernel_initializer="zeros")
+        if built:
+            first = keras.Sequential([keras.Input((2,)), first])
+            second = keras.Sequential([keras.Input((2,)), second])
+        self.first, self.second = first, second
 
     def compile(self, first_optimizer, second_optimizer):
         super().compile()

@@ -16,39 +16,22 @@ import tensorflow as tf
 
 import tapeworks
 from tapeworks.errors import ConfigError
-
-X = np.linspace(-1.0, 1.0, 48, dtype="float32").reshape(24, 2)
-Y = (X @ np.array([[0.5], [-0.25]], "float32") + 0.1).astype("float32")
+from tests.engine.step.test_model_step import TwoOptimizers, X, Y
 
 
-class Pair(keras.Model):
+class Pair(TwoOptimizers):
     """Two unbuilt sub-models, two optimizers, and variables the step makes itself."""
 
     def __init__(self, computed_variable=False):
-        super().__init__()
-        self.first = keras.layers.Dense(1, kernel_initializer="ones")
-        self.second = keras.layers.Dense(1, kernel_initializer="zeros")
+        super().__init__(built=False)
         self.computed_variable = computed_variable
         self.steps_seen = None     # a tf.Variable the step makes, as some scripts do
         self.last_kernel = None
         self.traces = 0
 
-    def compile(self, first_optimizer, second_optimizer):
-        super().compile()
-        self.first_optimizer, self.second_optimizer = first_optimizer, second_optimizer
-
     def train_step(self, data):
         self.traces += 1
-        x, y = data
-        with tf.GradientTape(persistent=True) as tape:
-            first_loss = tf.reduce_mean(tf.square(self.first(x) - y))
-            second_loss = tf.reduce_mean(tf.abs(self.second(x) + self.first(x) - y))
-        self.first_optimizer.apply_gradients(zip(
-            tape.gradient(first_loss, self.first.trainable_weights),
-            self.first.trainable_weights))
-        self.second_optimizer.apply_gradients(zip(
-            tape.gradient(second_loss, self.second.trainable_weights),
-            self.second.trainable_weights))
+        logs = super().train_step(data)
         if self.steps_seen is None:
             self.steps_seen = tf.Variable(0, trainable=False)
         self.steps_seen.assign_add(1)
@@ -58,7 +41,7 @@ class Pair(keras.Model):
                 self.last_kernel = tf.Variable(tf.zeros_like(self.first.kernel),
                                                trainable=False)
             self.last_kernel.assign(self.first.kernel)
-        return {"first_loss": first_loss, "second_loss": second_loss}
+        return logs
 
 
 def pair(computed_variable=False):
