@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tapeworks.data import utility_pipelines
+from tapeworks.data.default_rewrites import DefaultRewrites, keeps_map_sequential
 from tapeworks.docs_links import see_docs
 
 SHUFFLES = {"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -80,6 +81,9 @@ def check_graph(graph, training=None):
     chain = _chain(nodes)
     ops = [n.op for n in chain]
     findings = []
+    # What tf.data fixes by itself (a prefetch at the end, stateless maps in
+    # parallel) is no finding: see default_rewrites.
+    rewrites = DefaultRewrites.of(nodes, _main_path(nodes))
     generator_prefix = _generator_prefix(chain, functions)
 
     # The first steps a Keras or TensorFlow utility built: the user cannot edit
@@ -101,19 +105,23 @@ def check_graph(graph, training=None):
         """The utility's name when `node` is one of its steps (the fix is at its call)."""
         return None if users(chain.index(node)) else utility.name
 
-    # TD001: prefetch last.
+    # TD001: prefetch last. (tf.data adds one at the end itself unless the
+    # options turn that off: then, and only then, the step waits.)
     prefetches = [i for i, op in enumerate(ops) if op == "PrefetchDataset"]
-    if not prefetches:
-        add("TD001", "the pipeline has no prefetch: the step waits while each batch is made",
-            chain[-1], "end with `.prefetch(tf.data.AUTOTUNE)`")
+    off = f" (tf.data adds none itself: {rewrites.prefetch_reason()})"
+    if rewrites.prefetch_injected:
+        pass
+    elif not prefetches:
+        add("TD001", "the pipeline has no prefetch: the step waits while each batch is made"
+            + off, chain[-1], "end with `.prefetch(tf.data.AUTOTUNE)`")
     elif prefetches[-1] != len(ops) - 1 and users(prefetches[-1]):
-        add("TD001", f"prefetch is not the last step ({ops[-1]} follows it)", chain[-1],
+        add("TD001", f"prefetch is not the last step ({ops[-1]} follows it){off}", chain[-1],
             "move `.prefetch(tf.data.AUTOTUNE)` to the end")
     elif prefetches[-1] != len(ops) - 1 and users(len(ops) - 1):
         # Only the utility's own batching may follow its prefetch (its
         # expensive map is prefetched); the user's steps after it are not.
         add("TD001", f"the last prefetch is the one inside `{utility.name}`, and your "
-            f"steps after it ({ops[-1]} last) are not prefetched", chain[-1],
+            f"steps after it ({ops[-1]} last) are not prefetched{off}", chain[-1],
             "end your pipeline with `.prefetch(tf.data.AUTOTUNE)`, after your last "
             f"transformation of what `{utility.name}` returns")
     last_batch = None
@@ -159,12 +167,16 @@ def check_graph(graph, training=None):
             # (A user's map of only such ops, a cast, costs as little: nothing to tell.)
             ragged_batch = (index + 1 < len(chain) and chain[index + 1].op in BATCHES
                             and called <= RAGGED_BATCH_MAP_OPS)
-            if op == "MapDataset" and not ragged_batch:
+            sequential = op == "MapDataset" and (
+                keeps_map_sequential(node, functions) or (
+                    None if rewrites.maps_parallelised else rewrites.why_off))
+            if sequential and not ragged_batch:
                 # After a batch it maps whole batches; before a cache, only the first pass.
                 unit = "batch" if last_batch is not None else "example"
                 cached = any(later.op in CACHES for later in chain[index + 1:])
                 add("TD005", f"map without num_parallel_calls runs one {unit} at a time"
-                    + (" (in the first epoch: a cache follows it)" if cached else ""), node,
+                    + (" (in the first epoch: a cache follows it)" if cached else "")
+                    + f"; tf.data does not parallelise it itself: {sequential}", node,
                     "`.map(fn, num_parallel_calls=tf.data.AUTOTUNE)`")
             if called & PY_FUNCS:
                 add("TD007", "py_function/numpy_function in a map: Python per example, holding "
@@ -310,15 +322,19 @@ def pipeline_chain(graph):
 
 def _chain(nodes):
     """Dataset nodes from the source to the final one, following first inputs."""
+    return [node for node in reversed(_main_path(nodes)) if node.op not in BOOKKEEPING]
+
+
+def _main_path(nodes):
+    """Every dataset node from the final one back to the source, following first inputs."""
     sink = next(n for n in nodes.values() if n.op == "_Retval")
-    chain = []
+    path = []
     node = nodes.get(_input_name(sink.input[0]))
     while node is not None and "Dataset" in node.op:
-        if node.op not in BOOKKEEPING:
-            chain.append(node)
+        path.append(node)
         inputs = [i for i in node.input if not i.startswith("^")]
         node = nodes.get(_input_name(inputs[0])) if inputs else None
-    return list(reversed(chain))
+    return path
 
 
 def _input_name(name):

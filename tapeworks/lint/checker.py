@@ -19,7 +19,7 @@ from collections.abc import Collection
 from tapeworks.lint.facts import LOSS_SCALING_NAMES, FileFacts
 from tapeworks.lint.findings import Finding, kept
 from tapeworks.lint.integers import RATIO_NAME, always_zero, is_count, is_int_tensor
-from tapeworks.lint.pipelines import DATASET_OPS, check_consumed, dataset_ops
+from tapeworks.lint.pipelines import DATASET_OPS, STATEFUL_IN_MAP, dataset_ops, stateful_call
 from tapeworks.lint.rules import PARSE_ERROR, RULES
 from tapeworks.lint.trace_time import TRACED_METHODS, RandomSources
 from tapeworks.lint.syntax import (LEAVES, call_name, children, dotted, has_keyword,
@@ -30,7 +30,6 @@ __all__ = ["Finding", "check_source", "check_tree"]
 
 KERAS_LOOPS_IN_TAPE = ("predict", "predict_on_batch", "train_on_batch")
 TRAINING_CALLS = ("apply_gradients", "train_on_batch", "fit")
-CONSUMERS = ("fit", "evaluate", "predict")  # calls that iterate a dataset for a model
 CONCAT_FUNCS = re.compile(r"(^|\.)(concat|concatenate|vstack|hstack)$|^(np|numpy)\.append$")
 MODEL_NAME = re.compile(
     r"^(.*_)?(model|net|network|generator|gen|discriminator|disc|critic|teacher|student|"
@@ -142,8 +141,6 @@ class _Checker(ast.NodeVisitor):
         self.tapes, self.loops = saved
 
     def _visit_loop(self, node):
-        if isinstance(node, (ast.For, ast.AsyncFor)):
-            self._check_consumed(node.iter)
         self.loops.append(node)
         self.generic_visit(node)
         self.loops.pop()
@@ -250,10 +247,6 @@ class _Checker(ast.NodeVisitor):
             self._check_random_in_map(node)
         if id(node) not in self._inner_links:
             self._dataset_ops(node)  # checks map and shuffle on the way
-        if attr in CONSUMERS or name == "iter":
-            # A pipeline handed to training or iterated should end with prefetch.
-            for arg in node.args[:1]:
-                self._check_consumed(arg)
 
     def _check_random_at_trace(self, node, is_tf):
         """TW113 in a tf.function, a Keras train/test step or a Task's compute_losses."""
@@ -437,10 +430,15 @@ class _Checker(ast.NodeVisitor):
     # Dataset pipelines and integer tensors, in this scope ---------------------
 
     def _dataset_ops(self, node):
-        return dataset_ops(node, self.scopes[-1].datasets, self.report)
+        return dataset_ops(node, self.scopes[-1].datasets, self.report, self._stateful_map)
 
-    def _check_consumed(self, expr):
-        check_consumed(expr, self.scopes[-1].datasets, self.report)
+    def _stateful_map(self, call):
+        """The stateful TF call the function of a `.map(fn)` shows, or None (see pipelines)."""
+        named = dotted(call.args[0]) if call.args else None
+        if named and STATEFUL_IN_MAP.match(named):   # `.map(tf.py_function...)` itself
+            return named
+        body, _ = self.random.mapped_function(call)
+        return stateful_call(body or [], self.random.callee)
 
     def _is_int_tensor(self, node):
         return is_int_tensor(node, self.scopes[-1].int_names)

@@ -1,4 +1,4 @@
-"""tf.data pipelines, followed through a scope for TW109 (slow input pipelines).
+"""tf.data pipelines, followed through a scope for TW109 (slow or unshuffled input pipelines).
 
 A pipeline is the list of its ops, `[(op name, call node)]`, from a root
 (`tf.data.Dataset.from_tensor_slices(...)`) or from a name the scope assigned a
@@ -20,11 +20,42 @@ DATASET_ROOT = re.compile(r"(^|\.)data\.(Dataset|TFRecordDataset|TextLineDataset
                           r"^(TFRecordDataset|TextLineDataset)$")
 
 
-def dataset_ops(node, datasets, report):
+# What keeps a map sequential: tf.data parallelises a `.map(fn)` without
+# num_parallel_calls by itself (its default `map_parallelization` rewrite)
+# unless `fn` is stateful. These are the stateful calls a file can show: TF's
+# random ops with hidden state (not the `stateless_` ones) and Python calls.
+STATEFUL_IN_MAP = re.compile(
+    r"^(tf|tensorflow)\.(compat\.v1\.)?(random\.(uniform|normal|truncated_normal|shuffle|"
+    r"categorical|gamma|poisson|poisson_v2|crop)|image\.random_\w+|py_function|"
+    r"numpy_function|py_func)$")
+
+
+def stateful_call(body, callee):
+    """The dotted name of the first stateful TF call (`STATEFUL_IN_MAP`) in `body`, or None.
+
+    `callee(call)`: the FunctionDef of this file a call calls, or None;
+    followed one level down.
+    """
+    for node in (n for part in body for n in ast.walk(part)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = call_name(node) or ""
+        if STATEFUL_IN_MAP.match(name):
+            return name
+        inner = callee(node)
+        if inner is not None:
+            found = stateful_call(inner.body, lambda call: None)
+            if found:
+                return f"{found} (in `{inner.name}`)"
+    return None
+
+
+def dataset_ops(node, datasets, report, stateful_map=lambda call: None):
     """[(op, call)] of a tf.data pipeline expression, checking map/shuffle on the way.
 
     `datasets`: {name: ops} of the pipelines the scope assigned. None when `node`
-    is not a pipeline.
+    is not a pipeline. `stateful_map(call)`: the stateful call a `.map` call's
+    function shows (`stateful_call`), or None.
     """
     chain = []
     while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -42,10 +73,12 @@ def dataset_ops(node, datasets, report):
         return None
     ops = prefix + chain
     for index, (op, call) in enumerate(ops[len(prefix):], len(prefix)):
-        if op == "map" and not has_keyword(call, "num_parallel_calls") and \
-                len(call.args) < 2:
-            report(call, "TW109", what=".map() without num_parallel_calls runs "
-                                       "one element at a time")
+        stateful = op == "map" and not has_keyword(call, "num_parallel_calls") and \
+            len(call.args) < 2 and stateful_map(call)
+        if stateful:
+            report(call, "TW109", what=f".map() without num_parallel_calls runs one element at "
+                                       f"a time: `{stateful}` in its function is stateful, so "
+                                       "tf.data does not parallelise it itself")
         if op == "shuffle":
             before = [o for o, _ in ops[:index]]
             last_batch = max((i for i, o in enumerate(before)
@@ -54,27 +87,3 @@ def dataset_ops(node, datasets, report):
                 report(call, "TW109", what=".shuffle() after .batch() shuffles "
                                            "whole batches, not samples")
     return ops
-
-
-def check_consumed(expr, datasets, report):
-    """A pipeline handed to training or iterated (`expr`) should end with prefetch."""
-    if isinstance(expr, ast.Name):
-        ops = datasets.get(expr.id)
-        if ops is not None:
-            check_prefetch(ops, expr.id, report)
-    elif isinstance(expr, ast.Call):
-        ops = dataset_ops(expr, datasets, report)
-        if ops is not None:
-            check_prefetch(ops, None, report)
-
-
-def check_prefetch(ops, name, report):
-    """TW109 when a batched pipeline has no prefetch after its last batch."""
-    names = [op for op, _ in ops]
-    batches = [i for i, op in enumerate(names) if op in ("batch", "padded_batch")]
-    if not batches or "prefetch" in names[batches[-1]:]:
-        return
-    subject = f"the batched tf.data pipeline `{name}`" if name else \
-        "this batched tf.data pipeline"
-    report(ops[-1][1], "TW109", what=f"{subject} does not end with .prefetch(): the "
-                                     "step waits for every batch")

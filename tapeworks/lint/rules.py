@@ -202,23 +202,27 @@ RULES = {rule.code: rule for rule in [
     Rule(
         "TW109", "tf-data-pipeline",
         "{what}",
-        "A tf.data pipeline should read shuffle -> map(num_parallel_calls) -> batch -> "
-        "prefetch. A sequential map runs one element at a time; without a final prefetch "
-        "the step waits for every batch; shuffling after batching only reorders whole "
-        "batches.",
+        "Shuffling after batching only reorders whole batches: every epoch sees the same "
+        "batches. A `.map(fn)` without num_parallel_calls runs one element at a time when "
+        "`fn` is stateful (TensorFlow's random ops with hidden state such as "
+        "`tf.random.uniform` or `tf.image.random_flip_left_right`, py_function): tf.data "
+        "parallelises a stateless map, and adds a final prefetch, by itself, so neither is "
+        "reported.",
         """
         ds = tf.data.Dataset.from_tensor_slices((x, y))
-        ds = ds.map(parse).batch(32).shuffle(100)
+        ds = ds.map(lambda x, y: (tf.image.random_flip_left_right(x), y))
+        ds = ds.batch(32).shuffle(100)
         """,
         """
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
-        ds = ds.shuffle(10_000).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10_000)
+        ds = ds.map(lambda x, y: (tf.image.random_flip_left_right(x), y),
+                    num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.batch(32).prefetch(tf.data.AUTOTUNE)
         """,
-        "shuffle before batch, `num_parallel_calls=tf.data.AUTOTUNE` on map, and end with "
-        "`.prefetch(tf.data.AUTOTUNE)` (tapeworks.data.pipeline builds this order).",
-        title="a tf.data pipeline out of order: sequential map, shuffle after batch, no "
-              "final prefetch",
+        "shuffle before batch, and `num_parallel_calls=tf.data.AUTOTUNE` on a stateful map "
+        "(tapeworks.data.pipeline builds this order).",
+        title="a tf.data pipeline out of order: shuffle after batch, a stateful map run "
+              "one element at a time",
     ),
     Rule(
         "TW110", "integer-floor-division",
