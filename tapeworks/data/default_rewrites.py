@@ -35,7 +35,8 @@ class DefaultRewrites:
 
     maps_parallelised: bool   # stateless sequential maps run in parallel
     prefetch_injected: bool   # a prefetch(AUTOTUNE) is added at the end
-    why_off: str = ""         # the option that turned them off, for a finding's message
+    maps_off: str = ""        # the option that keeps maps sequential, for a finding's message
+    prefetch_off: str = ""    # the option that stops the final prefetch
 
     @classmethod
     def of(cls, nodes, sink_first):
@@ -50,34 +51,25 @@ class DefaultRewrites:
         merged = dataset_options_pb2.Options()
         for node in reversed([n for n in sink_first if n.op == "OptionsDataset"]):
             merged.MergeFromString(node.attr["serialized_options"].s)
-        autotune = _setting(merged.autotune_options, "enabled")
         optimization = merged.optimization_options
-        defaults = _setting(optimization, "apply_default_optimizations")
-        parallelise = _setting(optimization, "map_parallelization")
-        inject = _setting(optimization, "inject_prefetch")
-        on = autotune is not False and defaults is not False
+        if _setting(merged.autotune_options, "enabled") is False:
+            # TensorFlow's rule: nothing of this runs with autotuning off.
+            off = "options.autotune.enabled=False turns tf.data's own rewrites off"
+            return cls(False, False, off, off)
+        defaults = _setting(optimization, "apply_default_optimizations") is not False
 
-        def runs(explicit):
-            # TensorFlow's rule: an explicit setting wins; unset follows the
-            # defaults; nothing runs with autotuning off.
-            return autotune is not False and (explicit if explicit is not None else on)
+        def why_not(field):
+            # An explicit setting wins; unset follows the defaults.
+            explicit = _setting(optimization, field)
+            if explicit is True or (explicit is None and defaults):
+                return ""
+            if explicit is False:
+                return f"options.experimental_optimization.{field}=False"
+            return ("options.experimental_optimization.apply_default_optimizations=False "
+                    "turns tf.data's own rewrites off")
 
-        if autotune is False:
-            why = "options.autotune.enabled=False turns tf.data's own rewrites off"
-        elif defaults is False:
-            why = ("options.experimental_optimization.apply_default_optimizations=False "
-                   "turns tf.data's own rewrites off")
-        else:
-            why = ""
-        maps = runs(parallelise)
-        prefetch = runs(inject)
-        if not why and not maps:
-            why = "options.experimental_optimization.map_parallelization=False"
-        return cls(maps, prefetch, why)
-
-    def prefetch_reason(self):
-        """Why tf.data adds no prefetch itself (for a finding's message)."""
-        return self.why_off or "options.experimental_optimization.inject_prefetch=False"
+        maps_off, prefetch_off = why_not("map_parallelization"), why_not("inject_prefetch")
+        return cls(not maps_off, not prefetch_off, maps_off, prefetch_off)
 
 
 def _setting(message, field):

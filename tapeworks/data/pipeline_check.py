@@ -108,7 +108,7 @@ def check_graph(graph, training=None):
     # TD001: prefetch last. (tf.data adds one at the end itself unless the
     # options turn that off: then, and only then, the step waits.)
     prefetches = [i for i, op in enumerate(ops) if op == "PrefetchDataset"]
-    off = f" (tf.data adds none itself: {rewrites.prefetch_reason()})"
+    off = f" (tf.data adds none itself: {rewrites.prefetch_off})"
     if rewrites.prefetch_injected:
         pass
     elif not prefetches:
@@ -169,7 +169,7 @@ def check_graph(graph, training=None):
                             and called <= RAGGED_BATCH_MAP_OPS)
             sequential = op == "MapDataset" and (
                 keeps_map_sequential(node, functions) or (
-                    None if rewrites.maps_parallelised else rewrites.why_off))
+                    None if rewrites.maps_parallelised else rewrites.maps_off))
             if sequential and not ragged_batch:
                 # After a batch it maps whole batches; before a cache, only the first pass.
                 unit = "batch" if last_batch is not None else "example"

@@ -58,6 +58,7 @@ MAP_OPTIONS = {
     "default rewrites off, map_parallelization on": options(
         experimental_optimization__apply_default_optimizations=False,
         experimental_optimization__map_parallelization=True),
+    "inject_prefetch off": options(experimental_optimization__inject_prefetch=False),
 }
 
 
@@ -94,6 +95,7 @@ PREFETCH_OPTIONS = {
     "inject_prefetch off": options(experimental_optimization__inject_prefetch=False),
     "autotune off": options(autotune__enabled=False),
     "default rewrites off": options(experimental_optimization__apply_default_optimizations=False),
+    "map_parallelization off": options(experimental_optimization__map_parallelization=False),
 }
 ENDINGS = {
     "batch": lambda ds: ds.batch(4),
@@ -122,3 +124,15 @@ def test_a_user_pipeline_without_prefetch_or_parallel_maps_has_no_performance_fi
     pipeline = tf.data.Dataset.from_tensor_slices((X, X[:, 0])).shuffle(12).map(
         lambda x, y: (x / 255.0, y)).batch(4)
     assert data.check(pipeline, training=True) == []
+
+
+def test_each_finding_names_the_option_that_turned_its_own_rewrite_off():
+    both_off = options(experimental_optimization__inject_prefetch=False,
+                       experimental_optimization__map_parallelization=False)
+    pipeline = tf.data.Dataset.from_tensor_slices(X).shuffle(12).map(lambda x: x * 2.0).batch(4)
+    found = {f.code: f.message for f in data.check(pipeline.with_options(both_off),
+                                                   training=True)}
+    assert found["TD001"].endswith("(tf.data adds none itself: "
+                                   "options.experimental_optimization.inject_prefetch=False)")
+    assert found["TD005"].endswith("itself: options.experimental_optimization."
+                                   "map_parallelization=False")

@@ -1,6 +1,8 @@
 """Keras' other documented ways to write and feed a model, through `Trainer` against `model.fit`.
 
-`compute_loss` overrides (with and without Keras 3.3's `training`), `add_loss`
+`compute_loss` overrides (with and without Keras 3.3's `training`), a model's own
+`metrics` property (a loss tracker of its own, no loss tracker) and `compute_metrics`
+overrides (other keys, the same keys), `add_loss`
 models fitted on a dataset without targets, multi-output models with a loss
 dict that leaves an output without a loss, `keras.utils.PyDataset` and
 Python generators, a model built under Keras' mixed_float16 policy. Twin models
@@ -76,6 +78,86 @@ def test_a_compute_loss_override_is_honoured_as_model_fit_honours_it(model_class
 
     assert_same_training(*fit_both(build, arguments=lambda _: dict(
         x=X, y=Y, batch_size=6, epochs=2, validation_data=(X[:6], Y[:6]))))
+
+
+class OwnLossTracker(keras.Model):
+    """Keras' masked-language-model example: `compute_loss` returns the summed loss and
+    updates a tracker of its own named "loss" (the per-sample mean), which its `metrics`
+    property lists and its `compute_metrics` returns: the History's "loss" is that tracker's."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1, kernel_initializer="ones")
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        per_sample = tf.reduce_mean(tf.square(y - y_pred), axis=-1)
+        self.tracker.update_state(per_sample)
+        return tf.reduce_sum(per_sample)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight):
+        return {"loss": self.tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+
+class MetricsWithoutLoss(HuberByHand):
+    """A `metrics` property that lists only a metric of its own: Keras logs no "loss"."""
+
+    def __init__(self):
+        super().__init__()
+        self.error = keras.metrics.MeanAbsoluteError(name="error")
+
+    def compute_metrics(self, x, y, y_pred, sample_weight):
+        self.error.update_state(y, y_pred)
+        return self.get_metrics_result()
+
+    @property
+    def metrics(self):
+        return [self.error]
+
+
+class BatchStatistics(HuberByHand):
+    """A `compute_metrics` override that returns other keys: Keras logs them, last batch's."""
+
+    def compute_metrics(self, x, y, y_pred, sample_weight):
+        super().compute_metrics(x, y, y_pred, sample_weight)
+        error = tf.abs(y - y_pred)
+        return {"largest_error": tf.reduce_max(error), "error": {"smallest": tf.reduce_min(error)}}
+
+
+class Percentages(HuberByHand):
+    """The same keys as the metrics' (scaled): Keras reads the metrics, not the scaled values."""
+
+    def compute_metrics(self, x, y, y_pred, sample_weight):
+        results = super().compute_metrics(x, y, y_pred, sample_weight)
+        return {name: 100 * value for name, value in results.items()}
+
+
+@pytest.mark.parametrize("model_class",
+                         [OwnLossTracker, MetricsWithoutLoss, BatchStatistics, Percentages])
+def test_the_models_own_metrics_decide_the_logs_as_in_keras(model_class):
+    def build():
+        model = model_class()
+        model.compile(keras.optimizers.SGD(0.01), metrics=["mae"])
+        return model
+
+    expected, got, reference, model = fit_both(build, arguments=lambda _: dict(
+        x=X, y=Y, batch_size=5, epochs=2, validation_data=(X[:7], Y[:7])))
+    assert_same_training(expected, got, reference, model)
+    assert ("loss" in got.history) == (model_class in (OwnLossTracker, Percentages))
+    if model_class is BatchStatistics:
+        assert sorted(got.history) == ["largest_error", "smallest", "val_largest_error",
+                                       "val_smallest"]
+    # evaluate reports by the same rule.
+    np.testing.assert_allclose(
+        tapeworks.Trainer(model, jit_compile=False).evaluate(X, Y, batch_size=5, verbose=0),
+        reference.evaluate(X, Y, batch_size=5, verbose=0), rtol=1e-5)
 
 
 def endpoint_model():

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tapeworks.engine.step import precision as precision_lib
 from tapeworks.engine.step import task as task_lib
+from tapeworks.engine.step.returned_logs import OwnLogs, flattened
 from tapeworks.errors import ConfigError
 
 STEPS = ("train_step", "test_step", "predict_step")
@@ -108,88 +109,6 @@ def resolve_precision(model, precision):
     if model.dtype_policy.name == "mixed_float16":
         return precision_lib.resolve("float32")
     return plugin
-
-
-class OwnLogs:
-    """The logs of the model's own steps, as `model.fit` and `model.evaluate` report them.
-
-    Keras' rule (`Trainer._get_metrics_result_or_logs`): when a step's logs
-    have exactly the keys of the model's metrics' results, the metrics are
-    read (`get_metrics_result`); otherwise the logs the last step returned are
-    reported. Here the first case reads the metrics once per call, at the end
-    of the loop; the second keeps each step's logs in variables (created
-    outside any graph at the first trace, one per key and kind), read there.
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self.reads_metrics = {}   # kind -> True (metrics' results) or False (kept logs)
-        self.kept = {}            # kind -> {key: tf.Variable}
-
-    def metric_results(self):
-        """`model.get_metrics_result()`, as tensors (usable inside a graph)."""
-        results = {}
-        for metric in self.model.metrics:
-            result = metric.result()
-            if isinstance(result, dict):
-                results.update(result)
-            else:
-                results[metric.name] = result
-        return results
-
-    def keep(self, kind, logs):
-        """In the step: decides the rule for `kind` ("train", "test"), keeps `logs` if needed."""
-        if not isinstance(logs, dict):
-            raise ConfigError(
-                f"The model's `{kind}_step` returned {type(logs).__name__}. Expected a dict of "
-                "logs, as Keras' fit expects, e.g. `return {\"loss\": loss}` or "
-                "`{m.name: m.result() for m in self.metrics}`.")
-        reads = set(logs) == set(self.metric_results())
-        self.reads_metrics[kind] = reads
-        if reads:
-            return
-        kept = self.kept.setdefault(kind, {})
-        context = tf.distribute.get_replica_context()
-        for key, value in flattened(logs).items():
-            value = tf.convert_to_tensor(value)
-            if (context is not None and context.num_replicas_in_sync > 1
-                    and value.dtype.is_floating):
-                # Keras reports a step's logs as their mean over the replicas
-                # (`reduce_per_replica(..., "auto")` off TPUs).
-                value = context.all_reduce(tf.distribute.ReduceOp.MEAN, value)
-            if key not in kept:
-                with tf.init_scope():
-                    # Created eagerly even while the step traces: the loop
-                    # that reads it is the same graph on every call.
-                    # A log whose shape varies (per batch) gets a variable of any shape.
-                    known = value.shape.is_fully_defined()
-                    kept[key] = tf.Variable(tf.zeros(value.shape if known else [], value.dtype),
-                                            shape=value.shape if known else tf.TensorShape(None),
-                                            trainable=False, name=f"{kind}_logs_{len(kept)}")
-            kept[key].assign(value)
-
-    def results(self, kind):
-        """The logs of `kind` by Keras' rule (tensors); empty before its step first traced."""
-        if kind not in self.reads_metrics:
-            return {}
-        if self.reads_metrics[kind]:
-            return self.metric_results()
-        return {key: variable.read_value() for key, variable in self.kept[kind].items()}
-
-
-def flattened(logs):
-    """Nested dicts of logs merged into one, as Keras' `pythonify_logs` merges them.
-
-    Keras' documented custom step returns `{m.name: m.result() for m in
-    self.metrics}`, where the compiled metrics' result is itself a dict.
-    """
-    result = {}
-    for key, value in sorted(logs.items()):
-        if isinstance(value, dict):
-            result.update(flattened(value))
-        else:
-            result[key] = value
-    return result
 
 
 class ModelStepTask(task_lib.SupervisedTask):

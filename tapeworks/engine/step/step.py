@@ -535,10 +535,12 @@ def make_predict_loop(one_step, output_spec, *, run_eagerly, strategy=None):
 def collect_logs(trackers, task, precision):
     """Every log value of a step, as tensors.
 
-    Each loss, the task's metrics, the precision plugin's values (loss
+    Each loss (but those the task hides), the task's metrics (a metric
+    named as a loss replaces it), the precision plugin's values (loss
     scale, skipped steps) and each weighting's current weights.
     """
-    logs = {name: tracker.result() for name, tracker in trackers.items()}
+    hidden = task.hidden_losses()
+    logs = {name: tracker.result() for name, tracker in trackers.items() if name not in hidden}
     logs.update(task.metric_results())
     logs.update(precision.logs())
     for update in task.updates:

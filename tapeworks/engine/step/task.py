@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from tapeworks.engine.step import guards
 from tapeworks.engine.step import precision as precision_lib
+from tapeworks.engine.step import returned_logs
 from tapeworks.errors import ConfigError, DataSpecError
 
 
@@ -239,6 +240,10 @@ class Task:
         """The task's metric values (name -> tensor); none unless a subclass keeps metrics."""
         return {}
 
+    def hidden_losses(self) -> frozenset[str]:
+        """Names of losses the logs leave out (Keras' rule for a model's own `metrics`); none."""
+        return frozenset()
+
     def reset_metrics(self) -> None:
         """Resets the task's metrics at an epoch's start; nothing unless a subclass keeps some."""
 
@@ -405,6 +410,8 @@ class SupervisedTask(Task):
         self._updates.append(Update("model", "loss", [model], optimizer,
                                     untrained=only_without_loss(model)))
         self._compiled_as = getattr(model, "_compile_config", None)
+        self._logs = returned_logs.CompiledLogs(model)
+        self._kind = "train"
         self._loss_takes_training = (
             "training" in inspect.signature(model.compute_loss).parameters)
 
@@ -434,43 +441,18 @@ class SupervisedTask(Task):
         loss = self.network.compute_loss(x=x, y=y, y_pred=y_pred,
                                          sample_weight=sample_weight, **given)
         guards.check_loss(loss)
+        self._kind = "train" if training else "test"   # of the metrics' next update
         return {"loss": loss}, {"x": x, "y": y, "y_pred": y_pred,
                                 "sample_weight": sample_weight}
 
     def update_metrics(self, batch, outputs):
-        network = self.network
-        if type(network).compute_metrics is not keras.Model.compute_metrics:
-            # The model's own override: called as Keras' train_step calls it.
-            network.compute_metrics(outputs["x"], outputs["y"], outputs["y_pred"],
-                                    sample_weight=outputs["sample_weight"])
-            return
-        # What Keras' own `compute_metrics` updates, without what it then
-        # returns: every metric's result, read in each step and thrown away
-        # here (the call reads the results once, at its end). Those results
-        # were a graph's worth of nodes in every step (12 divisions and their
-        # reads for a model with 11 metrics), paid in tracing and first call.
-        compiled = getattr(network, "_compile_metrics", None)
-        if compiled is not None:
-            compiled.update_state(outputs["y"], outputs["y_pred"], outputs["sample_weight"])
+        self._logs.update(outputs, self._kind)
 
     def metric_results(self):
-        # Keras' `get_metrics_result`, less the model's own loss tracker:
-        # tapeworks tracks the loss itself (the model's tracker is never
-        # updated), so its result is not read, and a value named "loss" is
-        # tapeworks'.
-        network = self.network
-        unused = getattr(network, "_loss_tracker", None)
-        results = {}
-        for metric in network.metrics:
-            if metric is unused:
-                continue
-            result = metric.result()
-            if isinstance(result, dict):
-                results.update(result)
-            else:
-                results[metric.name] = result
-        results.pop("loss", None)
-        return results
+        return self._logs.results()
+
+    def hidden_losses(self):
+        return self._logs.hidden_losses()
 
     def reset_metrics(self):
         self.network.reset_metrics()
