@@ -10,9 +10,16 @@ from keras.src.utils.python_utils import is_default
 
 
 def python_logs(logs):
-    """Log tensors as Python floats; a metric whose result is an array stays a NumPy array."""
+    """Log tensors as Python floats; a metric whose result is an array stays a NumPy array.
+
+    A metric whose result is a dict (a custom `keras.metrics.Metric`) gives
+    its keys, merged into the logs as Keras' `pythonify_logs` merges them.
+    """
     values = {}
     for name, value in logs.items():
+        if isinstance(value, dict):
+            values.update(python_logs(value))
+            continue
         value = np.asarray(value)
         values[name] = float(value) if value.ndim == 0 else value
     return values

@@ -172,8 +172,7 @@ class TrainingState:
                               .get_concrete_function(element_spec).structured_outputs)
                 loss_names = list(traced)
             task.remember_capture_specs()
-            self.loss_trackers = (LossTrackers() if loss_names is None else
-                                  {name: keras.metrics.Mean(name=name) for name in loss_names})
+            self.loss_trackers = LossTrackers(task, loss_names or ())
             self.update_states = []
             for update in task.updates:
                 variables = update.variables()
@@ -269,7 +268,7 @@ class TrainingState:
         for value in vars(self.task).values():
             if isinstance(value, keras.metrics.Metric):
                 found.extend(value.variables)
-        return found
+        return list({id(v): v for v in found}.values())   # a model's loss tracker is both
 
     def mutable_variables(self):
         """Every variable a training step can change, once each.
@@ -361,12 +360,21 @@ class TrainingState:
 class LossTrackers(dict):
     """Loss name -> `keras.metrics.Mean`, each made when the step first reports that loss.
 
-    For an eager state built without a run on zeros (`TrainingState.build`'s
-    `lazy_losses`): the first step's losses name them, in their order.
+    The task's own tracker where it has one (a compiled model's loss
+    tracker, which callbacks read in `model.metrics`), else a new Mean. Made
+    before the first step, or, for an eager state built without a run on
+    zeros (`TrainingState.build`'s `lazy_losses`), as the first step's
+    losses name them, in their order.
     """
 
+    def __init__(self, task, names=()):
+        super().__init__()
+        self.task = task
+        for name in names:
+            self.__missing__(name)
+
     def __missing__(self, name):
-        tracker = self[name] = keras.metrics.Mean(name=name)
+        tracker = self[name] = self.task.loss_tracker(name) or keras.metrics.Mean(name=name)
         return tracker
 
 

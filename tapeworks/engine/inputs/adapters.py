@@ -205,7 +205,10 @@ def split_validation(x, y, sample_weight, validation_split):
         return array_slicing.train_validation_split(
             (x, y, sample_weight), validation_split=validation_split)
     except ValueError as error:
-        raise ConfigError(f"{error} Expected enough samples for both parts.") from None
+        # Keras' own message says what was wrong (too few samples for both
+        # parts, or an array it cannot slice).
+        raise ConfigError(f"`validation_split={validation_split}` could not split the "
+                          f"arrays: {error}") from None
 
 
 def unpack_validation_data(validation_data):
@@ -416,14 +419,34 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
             dataset = dataset.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
         dataset = dataset.batch(batch_size)
         if shuffle == "batch":
-            dataset = dataset.shuffle(math.ceil(num_samples / batch_size), seed=seed,
-                                      reshuffle_each_iteration=True)
+            dataset = _rows_shuffled(dataset, seed)
         # In memory: nothing for tf.data's autotuning model to tune, and it
         # slows compute-bound steps on small CPU machines (see the function).
         return without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
 
     return PreparedData(build(), ARRAYS, math.ceil(num_samples / batch_size), arrays=arrays,
                         name=name, batch_size=min(batch_size, num_samples), rebuild=build)
+
+
+def _rows_shuffled(dataset, seed):
+    """Keras 3's `shuffle="batch"`: the batches in order, the rows of each in a new order.
+
+    (Keras' array adapters permute each batch's indices, on every backend; the
+    batches themselves are never reordered.) Left in order where a component
+    cannot be gathered (sparse or ragged): a mean loss does not see the order.
+    """
+    spec = dataset.element_spec
+    if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+        return dataset
+    several = isinstance(spec, tuple)
+
+    def permute(*parts):
+        batch = parts if several else parts[0]
+        rows = tf.shape(tf.nest.flatten(batch)[0])[0]
+        order = tf.random.shuffle(tf.range(rows), seed=seed)
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), batch)
+
+    return dataset.map(permute)
 
 
 def shuffle_seed():
@@ -443,9 +466,11 @@ def shuffle_seed():
 
 
 def _length(value):
-    """Samples along the first axis (-1 for a scalar); ragged tensors included."""
+    """Samples along the first axis (-1 for a scalar); ragged and sparse tensors included."""
     if isinstance(value, tf.RaggedTensor):
         return int(value.nrows())
+    if isinstance(value, tf.SparseTensor):
+        return int(value.dense_shape[0]) if value.shape.rank else -1
     return int(np.shape(value)[0]) if np.ndim(value) else -1
 
 
@@ -455,13 +480,20 @@ def _as_sliceable(value):
         return None
     if isinstance(value, list):
         value = tuple(value)
-    return tf.nest.map_structure(
-        lambda v: v if isinstance(v, (np.ndarray, tf.Tensor, tf.RaggedTensor))
-        else np.asarray(v), value)
+    return tf.nest.map_structure(_as_tensor_or_array, value)
+
+
+def _as_tensor_or_array(value):
+    if isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
+        return value
+    if data_adapter_utils.is_scipy_sparse(value):   # as Keras' array adapter reads it
+        return data_adapter_utils.scipy_sparse_to_tf_sparse(value)
+    return np.asarray(value)
 
 
 def _is_array(value):
-    return isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor)) or (
+    return isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor, tf.SparseTensor)) or (
+        data_adapter_utils.is_scipy_sparse(value)) or (
         hasattr(value, "__array__") and not isinstance(value, (str, bytes)))
 
 

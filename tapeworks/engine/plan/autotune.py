@@ -365,11 +365,13 @@ class CallPlanner:
         An XLA mode starts with one step on a batch drawn outside the loop
         (an XLA compile failure then loses no data), then its first loop call.
         tf.function cannot fail that way: it starts with the loop call alone,
-        so it traces once, as a fixed mode would.
+        so it traces once, as a fixed mode would. The loop call runs the
+        steps per call the caller fixed, if any: a batch hook then sees the
+        calls Keras' `steps_per_execution` makes ([3, 7] for 8 batches at 4,
+        not [0, 4, 7]); its start then holds those steps' time too.
         """
-        if mode is False:
-            return [PlannedCall(mode, 1, WARM)]
-        return [PlannedCall(mode, 1, FIRST), PlannedCall(mode, 1, WARM)]
+        warm = PlannedCall(mode, self._fixed_steps or 1, WARM)
+        return [warm] if mode is False else [PlannedCall(mode, 1, FIRST), warm]
 
     def _timed_rounds(self, mode):
         options = list(self._step_options)

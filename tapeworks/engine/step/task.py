@@ -240,6 +240,10 @@ class Task:
         """The task's metric values (name -> tensor); none unless a subclass keeps metrics."""
         return {}
 
+    def loss_tracker(self, name: str) -> Any:
+        """A Keras metric of the task's own to track loss `name` in, or None (a new Mean)."""
+        return None
+
     def hidden_losses(self) -> frozenset[str]:
         """Names of losses the logs leave out (Keras' rule for a model's own `metrics`); none."""
         return frozenset()
@@ -453,6 +457,15 @@ class SupervisedTask(Task):
 
     def hidden_losses(self):
         return self._logs.hidden_losses()
+
+    def loss_tracker(self, name):
+        # The model's own tracker, so that `model.metrics` (read by callbacks,
+        # `get_metrics_result`) holds the loss as in Keras' fit; under the
+        # strategy it was made in only.
+        tracker = getattr(self.network, "_loss_tracker", None)
+        same_strategy = tf.distribute.get_strategy() is getattr(
+            self.network, "distribute_strategy", None)
+        return tracker if name == "loss" and same_strategy else None
 
     def reset_metrics(self):
         self.network.reset_metrics()

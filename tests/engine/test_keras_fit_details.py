@@ -1,0 +1,157 @@
+"""Details of `model.fit` that side-by-side probes found tapeworks doing otherwise (round two).
+
+A metric whose result is a dict, the model's own loss tracker as callbacks read
+it in `model.metrics`, `shuffle="batch"`, sparse inputs given as arrays, the
+batch hooks of `steps_per_execution` from the first call, and the message of a
+`validation_split` that cannot split. Twin models, Keras' `fit` against
+`Trainer.fit` with the same arguments.
+"""
+
+import keras
+import numpy as np
+import pytest
+import scipy.sparse
+import tensorflow as tf
+
+import tapeworks
+from tapeworks.errors import ConfigError
+from tests.engine.test_model_styles import assert_same_training
+
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(40, 4)).astype("float32")
+Y = (X.sum(axis=1, keepdims=True) > 0).astype("float32")
+
+
+def classifier(metrics=()):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", metrics=list(metrics))
+    return model
+
+
+def both(build, **arguments):
+    reference, model = build(), build()
+    expected = reference.fit(verbose=0, **arguments)
+    got = tapeworks.Trainer(model, jit_compile=False).fit(verbose=0, **arguments)
+    return expected, got, reference, model
+
+
+class MeanAndCount(keras.metrics.Metric):
+    """A metric whose `result()` is a dict: Keras merges its keys into the logs."""
+
+    def __init__(self, name="pair"):
+        super().__init__(name=name)
+        self.total = self.add_variable((), initializer="zeros", name="total")
+        self.count = self.add_variable((), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(y_pred))
+        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_pred)[0], "float32"))
+
+    def result(self):
+        return {"prediction_mean": self.total / self.count, "seen": self.count + 0.0}
+
+
+def test_a_metric_whose_result_is_a_dict_logs_its_keys_as_in_keras():
+    expected, got, reference, model = both(
+        lambda: classifier([MeanAndCount()]), x=X, y=Y, batch_size=8, epochs=2, shuffle=False,
+        validation_data=(X[:8], Y[:8]))
+    assert_same_training(expected, got, reference, model)
+    assert sorted(got.history) == ["loss", "prediction_mean", "seen", "val_loss",
+                                   "val_prediction_mean", "val_seen"]
+    assert got.history["seen"] == [40.0, 40.0]
+
+
+class ReadsModelMetrics(keras.callbacks.Callback):
+    """What a callback reads in `self.model.metrics` after each batch and epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(float(self.model.metrics[0].result()))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(float(self.model.metrics[0].result()))
+
+
+def test_the_models_loss_tracker_holds_the_loss_callbacks_read_as_in_keras():
+    reference, model = classifier(), classifier()
+    theirs, mine = ReadsModelMetrics(), ReadsModelMetrics()
+    reference.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[theirs])
+    history = tapeworks.Trainer(model, jit_compile=False).fit(
+        X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[mine])
+    assert model.metrics[0].name == "loss"
+    np.testing.assert_allclose(mine.seen, theirs.seen, rtol=1e-5)
+    assert mine.seen[-1] == pytest.approx(history.history["loss"][-1], rel=1e-6)
+    np.testing.assert_allclose(float(model.metrics[0].result()),
+                               float(reference.metrics[0].result()), rtol=1e-5)
+
+
+def test_shuffle_batch_keeps_the_batches_in_order_as_keras_3_does():
+    # Keras 3 permutes the rows inside each batch, never the batches: a mean
+    # loss trains as with shuffle=False.
+    expected, got, reference, model = both(classifier, x=X, y=Y, batch_size=6, epochs=2,
+                                           shuffle="batch")
+    assert_same_training(expected, got, reference, model)
+    unshuffled = classifier()
+    tapeworks.Trainer(unshuffled, jit_compile=False).fit(X, Y, batch_size=6, epochs=2,
+                                                         shuffle=False, verbose=0)
+    for mine, plain in zip(model.get_weights(), unshuffled.get_weights()):
+        np.testing.assert_allclose(mine, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["tf.SparseTensor", "scipy csr_matrix"])
+def test_sparse_inputs_given_as_arrays_train_as_in_keras(kind):
+    dense = (RNG.random((32, 6)) > 0.6).astype("float32")
+    x = tf.sparse.from_dense(dense) if kind == "tf.SparseTensor" else scipy.sparse.csr_matrix(
+        dense)
+    y = dense.sum(axis=1, keepdims=True)
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6,), sparse=True)
+        model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        return model
+
+    assert_same_training(*both(build, x=x, y=y, batch_size=8, epochs=2, shuffle=False,
+                               validation_split=0.25))
+
+
+class BatchEnds(keras.callbacks.Callback):
+    batch_hooks_per_call = True
+
+    def __init__(self):
+        super().__init__()
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(batch)
+
+
+def test_steps_per_execution_calls_from_the_first_as_in_keras():
+    def build():
+        model = classifier()
+        model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", steps_per_execution=4)
+        return model
+
+    reference, model = build(), build()
+    theirs, mine = BatchEnds(), BatchEnds()
+    reference.fit(X[:32], Y[:32], batch_size=4, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[theirs])
+    tapeworks.Trainer(model, jit_compile=False).fit(X[:32], Y[:32], batch_size=4, epochs=2,
+                                                    shuffle=False, verbose=0, callbacks=[mine])
+    assert theirs.ends == [3, 7, 3, 7]
+    assert mine.ends == theirs.ends
+
+
+def test_a_validation_split_that_cannot_split_says_so_in_keras_words():
+    model = classifier()
+    with pytest.raises(ConfigError) as raised:
+        tapeworks.Trainer(model).fit(X[:1], Y[:1], validation_split=0.5, verbose=0)
+    message = str(raised.value)
+    assert message.startswith("`validation_split=0.5` could not split the arrays: ")
+    assert "Expected enough samples" not in message
