@@ -104,8 +104,9 @@ class CompiledLogs:
     reported by Keras' rule (`OwnLogs`). Its own `compute_metrics` returns
     every metric's result (the rule reads the metrics); an override may
     return other keys, whose last values are then the logs, "loss" only if
-    it returns one. tapeworks tracks the loss itself, so the model's own loss
-    tracker is never updated and never read.
+    it returns one. The loss is tracked by the training state (in the
+    model's own loss tracker, `SupervisedTask.loss_tracker`) and logged from
+    there, so the metrics' results here leave that tracker out.
     """
 
     def __init__(self, model):
