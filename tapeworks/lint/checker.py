@@ -164,6 +164,23 @@ class _Checker(ast.NodeVisitor):
 
     visit_AsyncWith = visit_With
 
+    def visit_If(self, node):
+        # Each branch extends the pipelines as they were before the `if`; after
+        # it, a pipeline is what both branches agree on (their common first
+        # steps): a `.batch()` in one branch does not precede a `.shuffle()` in
+        # the other (Keras' timeseries_dataset_from_array, a false TW109).
+        scope = self.scopes[-1]
+        self.visit(node.test)
+        before = dict(scope.datasets)
+        branches = []
+        for body in (node.body, node.orelse):
+            scope.datasets = dict(before)
+            for statement in body:
+                self.visit(statement)
+            branches.append(scope.datasets)
+        scope.datasets = {name: _common_steps(ops, branches[1][name])
+                          for name, ops in branches[0].items() if name in branches[1]}
+
     # Statements ---------------------------------------------------------
 
     def visit_Assign(self, node):
@@ -508,3 +525,13 @@ def too_deep(path, what, error):
     return Finding(path, 1, 0, PARSE_ERROR,
                    f"{what}: the code nests too deeply for Python ({type(error).__name__}: "
                    f"{str(error) or 'recursion'}); split the expression into named parts")
+
+
+def _common_steps(ops, other):
+    """The first steps two versions of a pipeline share (`[(op, call)]`, the same calls)."""
+    common = []
+    for mine, theirs in zip(ops, other):
+        if mine[1] is not theirs[1]:
+            break
+        common.append(mine)
+    return common

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import tapeworks
 from tapeworks.errors import ConfigError
+from tests.engine.test_keras_compat import _BatchEnds as BatchEnds
 from tests.engine.test_model_styles import assert_same_training
 
 RNG = np.random.default_rng(3)
@@ -121,17 +122,6 @@ def test_sparse_inputs_given_as_arrays_train_as_in_keras(kind):
                                validation_split=0.25))
 
 
-class BatchEnds(keras.callbacks.Callback):
-    batch_hooks_per_call = True
-
-    def __init__(self):
-        super().__init__()
-        self.ends = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(batch)
-
-
 def test_steps_per_execution_calls_from_the_first_as_in_keras():
     def build():
         model = classifier()
@@ -139,13 +129,13 @@ def test_steps_per_execution_calls_from_the_first_as_in_keras():
         return model
 
     reference, model = build(), build()
-    theirs, mine = BatchEnds(), BatchEnds()
+    theirs, mine = BatchEnds(), BatchEnds()   # steps per call fixed: hooks once a call
     reference.fit(X[:32], Y[:32], batch_size=4, epochs=2, shuffle=False, verbose=0,
                   callbacks=[theirs])
     tapeworks.Trainer(model, jit_compile=False).fit(X[:32], Y[:32], batch_size=4, epochs=2,
                                                     shuffle=False, verbose=0, callbacks=[mine])
-    assert theirs.ends == [3, 7, 3, 7]
-    assert mine.ends == theirs.ends
+    assert theirs.batches == [3, 7, 3, 7]
+    assert mine.batches == theirs.batches
 
 
 def test_a_validation_split_that_cannot_split_says_so_in_keras_words():

@@ -220,6 +220,22 @@ CASES = [
         labels = frame.map(lambda v: v + 1)
         """),
     ("TW109", """
+        ds = tf.data.Dataset.from_tensor_slices(x)
+        if batch_size is not None:
+            ds = ds.batch(batch_size)
+            ds = ds.shuffle(100)
+        """, """
+        ds = tf.data.Dataset.from_tensor_slices(x)
+        if batch_size is not None:
+            if shuffle:
+                ds = ds.shuffle(batch_size * 8)
+            ds = ds.batch(batch_size)
+        else:
+            if shuffle:
+                ds = ds.shuffle(1024)   # Keras' timeseries_dataset_from_array: not after a batch
+        ds = ds.prefetch(1)
+        """),
+    ("TW109", """
         ds = tf.data.Dataset.from_tensor_slices(x).map(lambda v: v + tf.random.uniform([2]))
         """, """
         ds = tf.data.Dataset.from_tensor_slices(x).map(

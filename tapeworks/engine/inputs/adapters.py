@@ -431,9 +431,8 @@ def _from_arrays(x, y, sample_weight, batch_size, shuffle, seed, class_weight, p
 def _rows_shuffled(dataset, seed):
     """Keras 3's `shuffle="batch"`: the batches in order, the rows of each in a new order.
 
-    (Keras' array adapters permute each batch's indices, on every backend; the
-    batches themselves are never reordered.) Left in order where a component
-    cannot be gathered (sparse or ragged): a mean loss does not see the order.
+    (Keras' array adapters permute each batch's indices on every backend.) Left
+    in order where a component is sparse or ragged: a mean loss does not see it.
     """
     spec = dataset.element_spec
     if not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
@@ -484,11 +483,10 @@ def _as_sliceable(value):
 
 
 def _as_tensor_or_array(value):
-    if isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-        return value
     if data_adapter_utils.is_scipy_sparse(value):   # as Keras' array adapter reads it
         return data_adapter_utils.scipy_sparse_to_tf_sparse(value)
-    return np.asarray(value)
+    return value if isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor,
+                                       tf.SparseTensor)) else np.asarray(value)
 
 
 def _is_array(value):
