@@ -40,16 +40,20 @@ class DefaultRewrites:
 
     @classmethod
     def of(cls, nodes, sink_first):
-        """From the OptionsDataset nodes on the pipeline's main path.
+        """From the pipeline's OptionsDataset nodes, merged as `Dataset.options()` merges them.
 
         Args:
             nodes: {name: NodeDef} of the dataset graph.
-            sink_first: the path's dataset nodes from the final one back to
-                the source (options included; `with_options` nearer the end
-                wins a conflict, as in `Dataset.options()`).
+            sink_first: the main path's dataset nodes from the final one back
+                to the source. Options on it are merged last, nearer the end
+                winning a conflict; options of other inputs (a zip's second
+                dataset) before them.
         """
+        on_path = [n for n in reversed(sink_first) if n.op == "OptionsDataset"]
+        others = [n for n in nodes.values()
+                  if n.op == "OptionsDataset" and not any(n is m for m in on_path)]
         merged = dataset_options_pb2.Options()
-        for node in reversed([n for n in sink_first if n.op == "OptionsDataset"]):
+        for node in others + on_path:
             merged.MergeFromString(node.attr["serialized_options"].s)
         optimization = merged.optimization_options
         if _setting(merged.autotune_options, "enabled") is False:

@@ -136,3 +136,14 @@ def test_each_finding_names_the_option_that_turned_its_own_rewrite_off():
                                    "options.experimental_optimization.inject_prefetch=False)")
     assert found["TD005"].endswith("itself: options.experimental_optimization."
                                    "map_parallelization=False")
+
+
+def test_options_set_on_any_input_count_as_in_dataset_options():
+    # A zip's second input carries the option: tf.data merges the options of
+    # every input (`Dataset.options()`), so no prefetch is added.
+    no_injection = options(experimental_optimization__inject_prefetch=False)
+    zipped = tf.data.Dataset.zip((tf.data.Dataset.from_tensor_slices(X),
+                                  tf.data.Dataset.from_tensor_slices(X).with_options(
+                                      no_injection))).batch(4)
+    assert not runs(zipped.apply(testing.assert_next(["Prefetch"])))
+    assert [f.code for f in data.check(zipped, training=False)] == ["TD001"]
