@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import tapeworks
 from tests.engine import models
+from tests.engine.test_keras_compat import _BatchEnds
 
 
 @pytest.fixture
@@ -153,15 +154,11 @@ def test_verbose_two_prints_a_line_per_epoch(data, capsys):
     assert out.count("Epoch ") == 2 and "samples/s" in out and "loss" in out
 
 
-class _StopAtBatchTwo(keras.callbacks.Callback):
+class _StopAtBatchTwo(_BatchEnds):
     """A user's batch hook that counts on seeing every batch, as Keras' fit calls it."""
 
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
     def on_train_batch_end(self, batch, logs=None):
-        self.seen.append(batch)
+        super().on_train_batch_end(batch, logs)
         if batch == 2:
             self.model.stop_training = True
 
@@ -171,7 +168,7 @@ def test_a_users_batch_hook_sees_every_batch_when_steps_per_call_is_auto(data):
     trainer = _trainer(steps_per_call="auto", plan_cache=False)
     stop = _StopAtBatchTwo()
     history = trainer.fit(data, batch_size=8, epochs=5, callbacks=[stop], verbose=0)
-    assert stop.seen == [0, 1, 2]
+    assert stop.batches == [0, 1, 2]
     assert len(history.history["loss"]) == 1
     assert int(trainer.optimizer.iterations.numpy()) == 3
 
