@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tapeworks.bench.scenarios import serve
+
 
 def tapeworks(*args, cwd=None, timeout=600):
     return subprocess.run([sys.executable, "-m", "tapeworks.cli", *args], capture_output=True,
@@ -154,7 +156,7 @@ def test_export_bench_quick(quick_run):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_serve_bench_quick_loads_both_servers(tmp_path):
+def test_serve_bench_quick_loads_both_servers_and_has_the_issue_36_measures(tmp_path):
     result = tapeworks("bench", "serve", "--quick", "--repeats", "3", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "serve.json").read_text())
@@ -164,6 +166,14 @@ def test_serve_bench_quick_loads_both_servers(tmp_path):
                for r in rows.values())
     assert rows["off"]["vs_unbatched"] == 1.0
     assert (tmp_path / "serve.png").exists()
+    # Issue 36's two measures: many clients, and /healthz during one big request.
+    many = report["many_clients"]
+    assert many["clients"] == serve.QUICK_MANY_CLIENTS and many["errors"] == 0
+    assert many["p50_ms"] <= many["p99_ms"]
+    big = report["health_during_big_request"]
+    assert big["status"] == 200 and big["values"] == serve.QUICK_BIG_VALUES
+    assert any(key.startswith("MLP, 32 clients") for key in report["facts"])
+    assert "/healthz during one big request" in report["facts"]
 
 
 @pytest.mark.slow

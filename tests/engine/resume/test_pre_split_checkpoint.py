@@ -21,6 +21,13 @@ def assert_same(found, expected):
         np.testing.assert_array_equal(found[name], expected[name], err_msg=name)
 
 
+def assert_close(found, expected):
+    assert sorted(found) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(found[name], expected[name], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
 def test_run_folder_written_before_the_split_resumes_as_finished(tmp_path):
     expected = dict(np.load(os.path.join(FIXTURES, "expected.npz")))
     folder = tmp_path / "run"
@@ -41,7 +48,19 @@ def test_run_folder_written_before_the_split_goes_on_as_an_uninterrupted_run(tmp
     straight = make.build()
     straight.fit(x, y, batch_size=8, epochs=3, verbose=0,
                  checkpoint_dir=str(tmp_path / "straight"))
-    assert_same(make.values(resumed), make.values(straight))
+    # The fixture's first two epochs ran on the CPU that wrote it; a CPU with
+    # other matmul kernels (AVX2 against AVX-512) rounds them a few ulps
+    # apart, and its straight run continues from its own epoch-2 state. Bit
+    # for bit where this CPU gives the fixture's epoch-2 state; elsewhere the
+    # resumed third epoch must still land where the straight one does.
+    two_epochs = make.build()
+    two_epochs.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                   checkpoint_dir=str(tmp_path / "two"))
+    expected = dict(np.load(os.path.join(FIXTURES, "expected.npz")))
+    if all(np.array_equal(v, expected[k]) for k, v in make.values(two_epochs).items()):
+        assert_same(make.values(resumed), make.values(straight))
+    else:
+        assert_close(make.values(resumed), make.values(straight))
 
 
 def test_user_checkpoint_written_before_the_split_reads_into_a_fresh_trainer():
