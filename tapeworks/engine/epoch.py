@@ -13,6 +13,8 @@ both inside `run_epoch`) and at the end (`after_epoch`), nowhere else.
 import dataclasses
 from typing import Any, Callable, Optional
 
+import keras
+
 from tapeworks.engine.inputs import data_stage as data_stage_lib
 from tapeworks.engine.progress import EpochProgress
 
@@ -49,6 +51,17 @@ class FitEpochs:
     validate: Callable
     report_input: Optional[Callable] = None
 
+    @property
+    def bar_verbose(self):
+        """`verbose` for tapeworks' own bar: 0 where the user passed a ProgbarLogger.
+
+        Keras' CallbackList adds its bar only when the callbacks hold none, so
+        the user's logger is the one bar (it prints at the fit's `verbose`).
+        """
+        mine = any(isinstance(callback, keras.callbacks.ProgbarLogger)
+                   for callback in self.callbacks.callbacks)
+        return 0 if mine else self.verbose
+
     def run(self, initial_epoch):
         """Trains epochs `initial_epoch` .. `epochs - 1`; returns the last epoch's logs."""
         logs = None
@@ -73,7 +86,7 @@ class FitEpochs:
         self.state.counters.epoch.assign(epoch)
         self.data.train.on_epoch_begin()
         self.callbacks.on_epoch_begin(epoch)
-        progress = EpochProgress(epoch, self.epochs, self.steps_known, self.verbose)
+        progress = EpochProgress(epoch, self.epochs, self.steps_known, self.bar_verbose)
         self.data.start_epoch(self.epochs - epoch, not self.plan.planner.tuning,
                               self.compiled.traces)
         start = (point.steps_in_epoch, point.samples_in_epoch) if resuming else (0, 0)

@@ -64,7 +64,8 @@ class EpochProgress:
         self._start = time.perf_counter()
         self._bar = None
         if verbose:
-            print(f"Epoch {epoch + 1}/{epochs}")
+            if epochs > 1:   # Keras' ProgbarLogger heads no fit of one epoch
+                print(f"Epoch {epoch + 1}/{epochs}")
             # All values shown are running results already, so none is
             # averaged again by Progbar.
             self._bar = _Progbar(steps, verbose=verbose, stateless_metrics=(),
@@ -83,6 +84,13 @@ class EpochProgress:
         self._bar.update(steps_done, values=values, finalize=finalize)
 
     def finish(self, steps_done, samples_done, logs):
-        """The epoch's last line, with what the callbacks added to `logs` at epoch end."""
+        """The epoch's last line, with what the callbacks added to `logs` at epoch end.
+
+        An epoch of data of unknown length ends with the steps it ran as the
+        bar's target, as Keras' ProgbarLogger does: verbose=2 prints its one
+        line only for a bar with a target.
+        """
+        if self._bar is not None and self._bar.target is None:
+            self._bar.target = steps_done
         self.update(steps_done, samples_done, logs, self._bar.status if self._bar else None,
                     finalize=True)

@@ -1,11 +1,18 @@
-"""Details of `model.fit` that side-by-side probes found tapeworks doing otherwise (round two).
+"""Details of `model.fit` that side-by-side probes found tapeworks doing otherwise (rounds two, three).
 
 A metric whose result is a dict, the model's own loss tracker as callbacks read
 it in `model.metrics`, `shuffle="batch"`, sparse inputs given as arrays, the
 batch hooks of `steps_per_execution` from the first call, and the message of a
-`validation_split` that cannot split. Twin models, Keras' `fit` against
-`Trainer.fit` with the same arguments.
+`validation_split` that cannot split; then the printed progress: an epoch of
+data of unknown length, a fit of one epoch, a ProgbarLogger of the user's; and
+two documented differences kept on purpose (the updates counted on data of
+unknown length, a layer frozen between fits without compiling again).
+Twin models, Keras' `fit` against `Trainer.fit` with the same arguments.
 """
+
+import contextlib
+import io
+import re
 
 import keras
 import numpy as np
@@ -145,3 +152,85 @@ def test_a_validation_split_that_cannot_split_says_so_in_keras_words():
     message = str(raised.value)
     assert message.startswith("`validation_split=0.5` could not split the arrays: ")
     assert "Expected enough samples" not in message
+
+
+def printed(fit, *args, **kwargs):
+    """What `fit` printed, with the timings and tapeworks' own fields taken out."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fit(*args, **kwargs)
+    text = re.sub(r" -? ?\S*\d+s\S* -? ?[\d.]+[mu]?s/step( - [\d,]+ samples/s)?"
+                  r"( - tuning \d+/\d+)?", " - T", out.getvalue())
+    # verbose=1 redraws its bar (a line ending in backspaces; tapeworks draws
+    # once a call, Keras once a step): the epoch's final draw is what counts.
+    return [line.rstrip() for line in text.splitlines()
+            if line and "\x08" not in line and not line.startswith("tapeworks:")]
+
+
+def unknown_length():
+    # filter(): tf.data cannot know how many batches come out.
+    return tf.data.Dataset.from_tensor_slices((X[:32], Y[:32])).filter(
+        lambda x, y: True).batch(8)
+
+
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_data_of_unknown_length_prints_every_epochs_line_as_keras(verbose):
+    reference, model = classifier(), classifier()
+    expected = printed(reference.fit, unknown_length(), epochs=2, verbose=verbose)
+    got = printed(tapeworks.Trainer(model, jit_compile=False).fit, unknown_length(), epochs=2,
+                  verbose=verbose)
+    # verbose=2: tapeworks printed epoch 1's heading and no line (the bar had no target).
+    assert got == expected
+    assert got[0] == "Epoch 1/2" and len([line for line in got if "4/4" in line]) == 2
+
+
+def test_a_fit_of_one_epoch_has_no_epoch_heading_as_in_keras():
+    reference, model = classifier(), classifier()
+    expected = printed(reference.fit, X[:32], Y[:32], batch_size=8, shuffle=False, verbose=2)
+    got = printed(tapeworks.Trainer(model, jit_compile=False).fit, X[:32], Y[:32], batch_size=8,
+                  shuffle=False, verbose=2)
+    assert got == expected and got[0].startswith("4/4 - T - loss: ")
+
+
+@pytest.mark.parametrize("verbose", [0, 2])
+def test_a_progbar_logger_of_the_users_is_the_one_bar_as_in_keras(verbose):
+    reference, model = classifier(), classifier()
+    arguments = dict(batch_size=8, epochs=2, shuffle=False, verbose=verbose)
+    expected = printed(reference.fit, X[:32], Y[:32], callbacks=[keras.callbacks.ProgbarLogger()],
+                       **arguments)
+    got = printed(tapeworks.Trainer(model, jit_compile=False).fit, X[:32], Y[:32],
+                  callbacks=[keras.callbacks.ProgbarLogger()], **arguments)
+    # tapeworks printed its own bar as well: every epoch twice.
+    assert got == expected
+    assert len([line for line in got if line.startswith("Epoch ")]) == (2 if verbose else 0)
+
+
+def test_data_of_unknown_length_counts_the_updates_that_ran():
+    # Keras' graph also counts the call that found the data empty (10 here):
+    # a documented difference (coming-from-keras, "Differs"); the first epoch,
+    # before that extra count reaches Adam, is Keras' to the bit.
+    def build():
+        model = classifier()
+        model.compile(keras.optimizers.Adam(0.1), "binary_crossentropy")
+        return model
+
+    reference, model = build(), build()
+    expected = reference.fit(unknown_length(), epochs=2, verbose=0)
+    got = tapeworks.Trainer(model, jit_compile=False).fit(unknown_length(), epochs=2, verbose=0)
+    assert int(model.optimizer.iterations) == 8
+    assert got.history["loss"][0] == expected.history["loss"][0]
+
+
+def test_a_layer_frozen_between_two_fits_stays_put_without_compiling_again():
+    model = classifier()
+    trainer = tapeworks.Trainer(model, jit_compile=False)
+    trainer.fit(X, Y, batch_size=8, verbose=0)
+    first, second = model.layers
+    frozen = [w.numpy().copy() for w in first.weights]
+    trained = [w.numpy().copy() for w in second.weights]
+    first.trainable = False
+    trainer.fit(X, Y, batch_size=8, verbose=0)
+    for before, weight in zip(frozen, first.weights):
+        np.testing.assert_array_equal(weight.numpy(), before)
+    assert all(np.any(weight.numpy() != before)
+               for before, weight in zip(trained, second.weights))
