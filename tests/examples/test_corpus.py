@@ -77,3 +77,21 @@ def test_unknown_script_names_are_refused_with_the_corpus_names(monkeypatch):
     monkeypatch.setenv("EXAMPLES_SCRIPTS", "keras_subclass,no_such_script")
     with pytest.raises(ValueError, match="no_such_script, not in the corpus.*keras_subclass"):
         examples.run(quick=True, repeats=3)
+
+
+def test_a_cold_only_run_reports_keras_and_cold_cells_alone(monkeypatch):
+    monkeypatch.setenv("EXAMPLES_WARM", "0")
+    assert examples.approaches() == ["keras", "tapeworks cold"]
+
+    def result(seconds, loss):
+        return {"ok": True, "fit_seconds": seconds, "final_loss": loss,
+                "history_keys": ["loss"], "warnings": []}
+
+    row = examples._summary("s", {"keras": [result(3.0, 1.0), result(5.0, 1.0)],
+                                  "tapeworks cold": [result(2.0, 1.0), result(2.5, 1.0)]})
+    assert row["runs"] == "keras: yes, tapeworks cold: yes"
+    assert row["keras_s"] == 4.0 and row["cold_s"] == 2.25
+    assert row["cold_ratio"] == 4.0 / 2.25 and row["cold_range"] == "1.50-2.00"
+    assert "warm_s" not in row and "warm_ratio" not in row
+    monkeypatch.delenv("EXAMPLES_WARM")
+    assert examples.approaches() == examples.APPROACHES

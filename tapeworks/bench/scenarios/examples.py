@@ -15,7 +15,7 @@ would (`python script.py`). Per script, alternated within each round:
 - Keras' `fit` (Keras keeps no cache between processes: one cell);
 - tapeworks, cold: an empty plan cache and XLA cache of its own;
 - tapeworks, warm: the caches a first, untimed tapeworks run of the same
-  script left.
+  script left (left out, with that run, under `EXAMPLES_WARM=0`).
 
 Reported per script: whether each runs (else the error's first line), the
 same History keys or not, the final loss of each (medians), the wall time of
@@ -125,13 +125,25 @@ def _median_loss(results):
     return statistics.median(losses) if losses else None
 
 
+def approaches():
+    """The approaches timed: all three, or Keras and cold alone with `EXAMPLES_WARM=0`.
+
+    Issue 53's targets are cold; on a slow machine the warm cells (and the
+    untimed run that fills their caches) double a run's length.
+    """
+    warm = os.environ.get("EXAMPLES_WARM", "1").strip().lower() not in ("0", "off", "no")
+    return list(APPROACHES) if warm else [a for a in APPROACHES if a != "tapeworks warm"]
+
+
 def _summary(name, runs):
-    """One report row from a script's runs ({approach: [result, ...]})."""
-    keras_runs, cold, warm = (runs[a] for a in APPROACHES)
+    """One report row from a script's runs ({approach: [result, ...]}; warm may be absent)."""
+    keras_runs, cold = runs["keras"], runs["tapeworks cold"]
+    warm = runs.get("tapeworks warm", [])
+    timed = [a for a in APPROACHES if a in runs]
     row = {"script": name, "group": "fit wall time, Keras / tapeworks cold",
            "same_history_keys": None}   # None: not compared (a run failed)
-    failed = {a: next((r for r in runs[a] if not r["ok"]), None) for a in APPROACHES}
-    row["runs"] = ", ".join(f"{a}: {'yes' if failed[a] is None else 'no'}" for a in APPROACHES)
+    failed = {a: next((r for r in runs[a] if not r["ok"]), None) for a in timed}
+    row["runs"] = ", ".join(f"{a}: {'yes' if failed[a] is None else 'no'}" for a in timed)
     errors = {a: f["error"] for a, f in failed.items() if f is not None}
     shown = []
     for result in cold + warm:
@@ -155,16 +167,16 @@ def _summary(name, runs):
         row["notes"] = notes
     row["keras_loss"] = _median_loss(keras_runs)
     row["tapeworks_loss"] = _median_loss(cold + warm)
-    seconds = {a: [r["fit_seconds"] for r in runs[a]] for a in APPROACHES}
+    seconds = {a: [r["fit_seconds"] for r in runs[a]] for a in timed}
     row["runs_seconds"] = seconds
     row["keras_s"] = statistics.median(seconds["keras"])
-    row["cold_s"] = statistics.median(seconds["tapeworks cold"])
-    row["warm_s"] = statistics.median(seconds["tapeworks warm"])
-    row["cold_ratio"] = row["keras_s"] / row["cold_s"]
-    row["warm_ratio"] = row["keras_s"] / row["warm_s"]
+    kinds = [a.split()[1] for a in timed if a != "keras"]
+    for kind in kinds:
+        row[f"{kind}_s"] = statistics.median(seconds[f"tapeworks {kind}"])
+        row[f"{kind}_ratio"] = row["keras_s"] / row[f"{kind}_s"]
     # Round by round (the processes of a round ran close in time): the spread
     # of the ratio says how much of it the machine's noise could be.
-    for kind in ("cold", "warm"):
+    for kind in kinds:
         paired = [k / t for k, t in zip(seconds["keras"], seconds[f"tapeworks {kind}"])]
         row[f"{kind}_range"] = f"{min(paired):.2f}-{max(paired):.2f}"
     return row
@@ -182,21 +194,23 @@ def run(quick=False, repeats=3):
                          "names (without .py) or unset EXAMPLES_SCRIPTS.")
     size = "tiny" if quick else "small"
     rounds = 1 if quick else repeats   # quick (the tests' smoke run): not a measurement
+    timed = approaches()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
             warm = os.path.join(scratch, f"warm-{name}")
-            run_script(name, "tapeworks", size, warm)   # fills the warm caches, untimed
-            runs = {a: [] for a in APPROACHES}
+            if "tapeworks warm" in timed:
+                run_script(name, "tapeworks", size, warm)   # fills the warm caches, untimed
+            runs = {a: [] for a in timed}
             for round_index in range(rounds):
-                shift = round_index % len(APPROACHES)
-                for approach in APPROACHES[shift:] + APPROACHES[:shift]:
+                shift = round_index % len(timed)
+                for approach in timed[shift:] + timed[:shift]:
                     cache = warm if approach == "tapeworks warm" else os.path.join(
                         scratch, f"cold-{name}-{round_index}-{approach.replace(' ', '-')}")
                     runs[approach].append(run_script(
                         name, "keras" if approach == "keras" else "tapeworks", size, cache))
             rows.append(_summary(name, runs))
-    timed = [r for r in rows if "cold_ratio" in r]
+    ran = [r for r in rows if "cold_ratio" in r]
     facts = {
         "scripts": ", ".join(names),
         "size": f"{size} (TAPEWORKS_CORPUS_SIZE)",
@@ -207,12 +221,15 @@ def run(quick=False, repeats=3):
             "of its own; warm: the caches an untimed first tapeworks run of the script left; "
             "Keras keeps no cache, so its one cell is compared with both. 'range' is the "
             "spread of Keras' time over tapeworks' round by round."),
-        "scripts that run with both": f"{len(timed)} of {len(rows)}",
+        "scripts that run with both": f"{len(ran)} of {len(rows)}",
     }
-    if timed:
-        facts["median x Keras, cold"] = statistics.median(r["cold_ratio"] for r in timed)
-        facts["median x Keras, warm"] = statistics.median(r["warm_ratio"] for r in timed)
-        facts["lowest x Keras, cold"] = min(r["cold_ratio"] for r in timed)
+    if "tapeworks warm" not in timed:
+        facts["approaches"] = "Keras and tapeworks cold only (EXAMPLES_WARM=0): no warm cells"
+    if ran:
+        facts["median x Keras, cold"] = statistics.median(r["cold_ratio"] for r in ran)
+        if "tapeworks warm" in timed:
+            facts["median x Keras, warm"] = statistics.median(r["warm_ratio"] for r in ran)
+        facts["lowest x Keras, cold"] = min(r["cold_ratio"] for r in ran)
     facts["tapeworks warnings shown (distinct, all scripts)"] = sum(
         r["warning_count"] for r in rows)
     return {
