@@ -87,7 +87,7 @@ def test_a_cold_only_run_reports_keras_and_cold_cells_alone(monkeypatch):
         return {"ok": True, "fit_seconds": seconds, "final_loss": loss,
                 "history_keys": ["loss"], "warnings": []}
 
-    row = examples._summary("s", {"keras": [result(3.0, 1.0), result(5.0, 1.0)],
+    row = examples.summary("s", {"keras": [result(3.0, 1.0), result(5.0, 1.0)],
                                   "tapeworks cold": [result(2.0, 1.0), result(2.5, 1.0)]})
     assert row["runs"] == "keras: yes, tapeworks cold: yes"
     assert row["keras_s"] == 4.0 and row["cold_s"] == 2.25

@@ -135,7 +135,7 @@ def approaches():
     return list(APPROACHES) if warm else [a for a in APPROACHES if a != "tapeworks warm"]
 
 
-def _summary(name, runs):
+def summary(name, runs):
     """One report row from a script's runs ({approach: [result, ...]}; warm may be absent)."""
     keras_runs, cold = runs["keras"], runs["tapeworks cold"]
     warm = runs.get("tapeworks warm", [])
@@ -209,7 +209,7 @@ def run(quick=False, repeats=3):
                         scratch, f"cold-{name}-{round_index}-{approach.replace(' ', '-')}")
                     runs[approach].append(run_script(
                         name, "keras" if approach == "keras" else "tapeworks", size, cache))
-            rows.append(_summary(name, runs))
+            rows.append(summary(name, runs))
     ran = [r for r in rows if "cold_ratio" in r]
     facts = {
         "scripts": ", ".join(names),
