@@ -4,7 +4,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import pkgutil
 import sys
 import tempfile
 
@@ -51,35 +50,28 @@ def _version():
             f"Keras {installed('keras')})")
 
 
-def _scenario_names():
-    """The bench scenarios, read from the package's files: no TensorFlow import needed."""
-    from tapeworks.bench import scenarios
-
-    return sorted(m.name for m in pkgutil.iter_modules(scenarios.__path__))
-
-
 def _demo(args):
     _quiet_tensorflow()
     return demo_command.main(args)
 
 
 def _bench(args):
-    known = _scenario_names()
-    unknown = [n for n in args.scenarios if n not in known]
+    # Listing, refusing a name and redrawing start no TensorFlow.
+    from tapeworks.bench import charts, scenarios
+
+    described = scenarios.descriptions()
+    unknown = [n for n in args.scenarios if n not in described]
     if unknown:
         print(f"tapeworks bench: unknown scenario(s) {', '.join(unknown)}. Expected one of: "
-              f"{', '.join(known)}. Fix: see `tapeworks bench --list`.",
+              f"{', '.join(sorted(described))}. Fix: see `tapeworks bench --list`.",
               file=sys.stderr)
         return 2
-    _quiet_tensorflow()
-    from tapeworks.bench import harness
-
     if args.list:
-        for name, scenario in harness.SCENARIOS.items():
-            print(f"{name:12s} {scenario.description}")
+        for name, description in described.items():
+            print(f"{name:12s} {description}")
         return 0
     if args.redraw:
-        written = harness.redraw(args.redraw)
+        written = charts.redraw(args.redraw)
         if not written:
             print(f"tapeworks bench --redraw: no benchmark report (*.json with a chart) in "
                   f"{args.redraw!r}. Expected a folder `tapeworks bench --out` wrote. Fix: "
@@ -87,6 +79,9 @@ def _bench(args):
             return 2
         print(f"Drew {', '.join(written)}")
         return 0
+    _quiet_tensorflow()
+    from tapeworks.bench import harness
+
     names = args.scenarios or list(harness.SCENARIOS)
     command = "tapeworks bench " + " ".join(sys.argv[2:])
     for name in names:

@@ -10,6 +10,9 @@ import platform
 
 import tensorflow as tf
 
+from tapeworks.bench import scenarios
+from tapeworks.bench.charts import write_chart
+
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
@@ -24,18 +27,9 @@ class Scenario:
         return run(quick=quick, repeats=repeats)
 
 
-def _scenario(name):
-    module = f"tapeworks.bench.scenarios.{name}"
-    return Scenario(name, module, importlib.import_module(module).DESCRIPTION)
-
-
-SCENARIOS = {s.name: s for s in (_scenario("loops"), _scenario("accumulate"),
-                                 _scenario("precision"), _scenario("gan"), _scenario("input"),
-                                 _scenario("lint"), _scenario("autotune"),
-                                 _scenario("wallclock"), _scenario("diagnose"),
-                                 _scenario("bugs"), _scenario("checkpoint"),
-                                 _scenario("export"), _scenario("prune"), _scenario("serve"),
-                                 _scenario("distribute"), _scenario("examples"))}
+# A scenario's module is imported when it runs (some import much).
+SCENARIOS = {name: Scenario(name, f"tapeworks.bench.scenarios.{name}", description)
+             for name, description in scenarios.descriptions().items()}
 
 
 def run_scenario(name, *, quick=False, repeats=5, out_dir="bench-results", command=""):
@@ -117,75 +111,3 @@ def to_markdown(result):
             text = ", ".join(f"{k}={v}" for k, v in note.items())
             lines.append(f"- {where}: {text}")
     return "\n".join(lines) + "\n"
-
-
-def write_chart(result, path):
-    """The result's chart as a PNG: one panel per group, stacked, every label whole.
-
-    Panels side by side crowded their labels and cut the last panel's axis
-    label (the wallclock chart's three); stacked, each panel has the
-    figure's width and a height in proportion to its bars.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chart = result["chart"]
-    groups = list(dict.fromkeys(row[chart["group"]] for row in result["rows"]))
-    # Rows without the charted value (a size, a save time) are in the table only.
-    panels = [[r for r in result["rows"]
-               if r[chart["group"]] == group and r.get(chart["value"]) is not None]
-              for group in groups]
-    heights = [max(len(rows), 1) * 0.32 + 0.9 for rows in panels]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    for ax, group, rows in zip(axes[:, 0], groups, panels):
-        names = [str(r[chart["bar"]]) for r in rows]
-        values = [r[chart["value"]] for r in rows]
-        # Bounds (the "ceiling" rows) are references, not contenders: they
-        # do not set the scale, so the approaches stay readable; tapeworks'
-        # own bars stand out.
-        bound = ["ceiling" in n for n in names]
-        compared = [v for v, b in zip(values, bound) if not b] or values or [1.0]
-        limit = max(compared) * 1.25
-        colors = ["#dddddd" if b else "#dd8452" if "tapeworks" in n else "#4c72b0"
-                  for n, b in zip(names, bound)]
-        ax.barh(range(len(rows)), [min(v, limit) for v in values], color=colors,
-                hatch=None, edgecolor=["#888888" if b else "none" for b in bound])
-        ax.set_xlim(0, limit)
-        ax.set_yticks(range(len(rows)), names, fontsize=9)
-        for label, name in zip(ax.get_yticklabels(), names):
-            if "tapeworks" in name:
-                label.set_fontweight("bold")
-        ax.invert_yaxis()
-        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_title(str(group), fontsize=10, loc="left", weight="bold")
-        ax.set_xlabel(chart["label"], fontsize=9)
-        for i, (v, b) in enumerate(zip(values, bound)):
-            if v > limit:
-                ax.text(limit, i, f"{v:.2f}x (bound) ", va="center", ha="right", fontsize=8)
-            else:
-                ax.text(v, i, f" {v:.2f}x", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def redraw(folder):
-    """Draws every chart in `folder` again from its JSON report (`tapeworks bench --redraw`).
-
-    The figures are the recorded ones: only the picture changes. Returns the
-    PNG paths written.
-    """
-    written = []
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".json"):
-            continue
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            result = json.load(f)
-        if isinstance(result, dict) and "chart" in result and "rows" in result:
-            path = os.path.join(folder, name[:-len(".json")] + ".png")
-            write_chart(result, path)
-            written.append(path)
-    return written

@@ -1,5 +1,6 @@
 """The `tapeworks` command line, run as a real process."""
 
+import importlib
 import json
 import math
 import os
@@ -18,11 +19,12 @@ def tapeworks(*args, cwd=None, timeout=600):
 
 
 # The quick (smoke) runs of these scenarios share one `tapeworks bench`
-# process: a process costs about 11 s of imports on this project's slowest CI
-# machine, and the suite has a 20-minute budget. Their tests run on one
+# process (those that start processes of their own orchestrate them from it):
+# a process costs about 11 s of imports on this project's slowest CI machine,
+# and the suite has a 20-minute budget. Their tests run on one
 # xdist worker (`xdist_group`), so the run happens once.
 QUICK_TOGETHER = ["loops", "accumulate", "precision", "gan", "input", "diagnose", "checkpoint",
-                  "lint", "autotune", "export", "prune"]
+                  "lint", "autotune", "export", "prune", "serve", "distribute", "wallclock"]
 quick_bench = pytest.mark.xdist_group("quick-bench")
 
 
@@ -131,14 +133,27 @@ def test_bench_redraw_draws_each_chart_again_from_its_report(tmp_path):
     assert result.returncode == 2 and "no benchmark report" in result.stderr
 
 
-def test_bench_list():
-    result = tapeworks("bench", "--list")
-    assert result.returncode == 0
-    # It imports TensorFlow: its start-up chatter stays hidden.
+def test_bench_list_reads_every_scenario_without_starting_tensorflow():
+    import pkgutil
+
+    from tapeworks.bench import scenarios
+
+    # Listing reads each module's DESCRIPTION from its source: every module is listed.
+    assert sorted(scenarios.ORDER) == sorted(
+        m.name for m in pkgutil.iter_modules(scenarios.__path__))
+    probe = ("import sys; from tapeworks import cli; code = cli.main(['bench', '--list']); "
+             "assert 'tensorflow' not in sys.modules, 'TensorFlow imported'; sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
     assert "I0000" not in result.stderr and "oneDNN" not in result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "loops", "accumulate", "precision", "gan", "input", "lint", "autotune", "wallclock",
         "diagnose", "bugs", "checkpoint", "export", "prune", "serve", "distribute", "examples"]
+    from tapeworks.bench import harness
+
+    for name, scenario in harness.SCENARIOS.items():
+        module = importlib.import_module(scenario.module)
+        assert scenario.description == module.DESCRIPTION and callable(module.run), name
 
 
 @pytest.mark.slow
@@ -156,10 +171,9 @@ def test_export_bench_quick(quick_run):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_serve_bench_quick_loads_both_servers_and_has_the_issue_36_measures(tmp_path):
-    result = tapeworks("bench", "serve", "--quick", "--repeats", "3", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "serve.json").read_text())
+@quick_bench
+def test_serve_bench_quick_loads_both_servers_and_has_the_issue_36_measures(quick_run):
+    report, tmp_path = quick_report(quick_run, "serve")
     rows = {row["batching"]: row for row in report["rows"]}
     assert sorted(rows) == ["ceiling: status GET, no model", "off", "on (max 32)"]
     assert all(r["errors"] == 0 and r["requests_per_s"] > 0 and len(r["repeats"]) == 3
@@ -194,11 +208,9 @@ def test_prune_bench_quick_compresses_the_pruned_file(quick_run):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_distribute_bench_quick_times_every_approach(tmp_path):
-    result = tapeworks("bench", "distribute", "--quick", "--repeats", "3", "--out",
-                       str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "distribute.json").read_text())
+@quick_bench
+def test_distribute_bench_quick_times_every_approach(quick_run):
+    report, tmp_path = quick_report(quick_run, "distribute")
     assert len(report["rows"]) == 5   # quick: the small MLP, tapeworks' 5 ways
     for row in report["rows"]:
         # A difference of two timings: noisy on a quick run (it may even dip
@@ -240,11 +252,9 @@ def test_autotune_bench_pairs_every_loop_with_the_model_on_and_off(quick_run):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_wallclock_scenario_quick(tmp_path):
-    result = tapeworks("bench", "wallclock", "--quick", "--repeats", "3", "--out", str(tmp_path),
-                       timeout=900)
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "wallclock.json").read_text())
+@quick_bench
+def test_wallclock_scenario_quick(quick_run):
+    report, tmp_path = quick_report(quick_run, "wallclock")
     approaches = {row["approach"] for row in report["rows"]}
     assert len(approaches) == 4 and all(row["seconds"] > 0 for row in report["rows"])
     warm = next(r for r in report["rows"] if "warm" in r["approach"])

@@ -87,9 +87,11 @@ def measure_memory(accumulate, batch, side, width, steps):
     return result
 
 
-def _memory_case(accumulate, batch, config):
-    args = json.dumps(dict(accumulate=accumulate, batch=batch, side=config["side"],
-                           width=config["width"], steps=config["steps"] // 4))
+def _memory_cases(cases, config):
+    """Each (accumulate, batch) of `cases`, in order, in one fresh process; their figures."""
+    args = json.dumps([dict(accumulate=accumulate, batch=batch, side=config["side"],
+                            width=config["width"], steps=config["steps"] // 4)
+                       for accumulate, batch in cases])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-m", "tapeworks.bench.scenarios.accumulate", args],
                           capture_output=True, text=True, env=env, check=True)
@@ -126,15 +128,19 @@ def run(quick=False, repeats=5):
                      "repeats": result["runs"], "notes": result["notes"]})
     # Each case in fresh processes, three of each, alternating; the median of
     # their peaks (one process' allocator can keep tens of MiB more by chance).
-    # Quick (the tests' smoke run): one of each (a fresh process costs about
-    # 11 s of imports on this project's slowest CI machine).
+    # Quick (the tests' smoke run, its figures not kept): the three cases one
+    # after another in one fresh process (a process costs about 11 s of
+    # imports on this project's slowest CI machine).
     cases = {f"plain, batch {micro}": (1, micro),
              f"accumulate=8, micro-batch {micro}": (8, micro),
              f"plain, batch {8 * micro}": (1, 8 * micro)}
     runs = {name: [] for name in cases}
-    for _ in range(1 if quick else max(3, repeats)):
-        for name, (accumulate, size) in cases.items():
-            runs[name].append(_memory_case(accumulate, size, config))
+    if quick:
+        for name, figures in zip(cases, _memory_cases(list(cases.values()), config)):
+            runs[name].append(figures)
+    for _ in range(0 if quick else max(3, repeats)):
+        for name, case in cases.items():
+            runs[name].append(_memory_cases([case], config)[0])
     memory = {name: {key: statistics.median(r[key] for r in results)
                      for key in results[0]} for name, results in runs.items()}
     key = "gpu_peak_mib" if "gpu_peak_mib" in next(iter(memory.values())) else "training_mib"
@@ -149,7 +155,7 @@ def run(quick=False, repeats=5):
                     ("unit", "unit"), ("ratio", "ratio"), ("ratio_to", "ratio to")],
         "rows": rows,
         "facts": {"model": f"convnet on {side}x{side}x3 inputs, width {width}",
-                  "memory": (("one fresh process per memory case (quick run), XLA "
+                  "memory": (("the memory cases in turn in one fresh process (quick run), XLA "
                               if quick else
                               "fresh processes per memory case (median of their peaks), XLA ")
                              + "off, 4 steps per call; peak RSS sampled during fit minus "
@@ -160,4 +166,4 @@ def run(quick=False, repeats=5):
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure_memory(**json.loads(sys.argv[1]))))
+    print(json.dumps([measure_memory(**case) for case in json.loads(sys.argv[1])]))

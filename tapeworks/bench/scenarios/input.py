@@ -92,9 +92,11 @@ def run(quick=False, repeats=5):
         return Approach(name, lambda: (trainer.fit(dataset, epochs=EPOCHS_PER_REPEAT,
                                                    verbose=0), samples * EPOCHS_PER_REPEAT)[1],
                         # Up to 120 epochs: enough for the input planner to
-                        # have tried every way (a second of epochs each).
-                        setup=lambda: settle_trainer(trainer, dataset, **dict(
-                            QUICK_SETTLING if quick else {}, max_epochs=120)))
+                        # have tried every way (a second of epochs each). Quick
+                        # (the tests' smoke run): its short settling, the
+                        # planner perhaps still trying.
+                        setup=lambda: settle_trainer(trainer, dataset, **(
+                            QUICK_SETTLING if quick else dict(max_epochs=120))))
 
     def alone(dataset_of):
         def iterate():
