@@ -121,7 +121,11 @@ def test_bench_redraw_draws_each_chart_again_from_its_report(tmp_path):
     shutil.copy(os.path.join(root, "wallclock.json"), tmp_path)
     (tmp_path / "notes.json").write_text("[1, 2]")        # not a report: left alone
     before = (tmp_path / "wallclock.json").read_bytes()
-    result = tapeworks("bench", "--redraw", str(tmp_path))
+    # Redrawing needs matplotlib only: no TensorFlow starts.
+    probe = (f"import sys; from tapeworks import cli; code = cli.main(['bench', '--redraw', "
+             f"{str(tmp_path)!r}]); assert 'tensorflow' not in sys.modules, 'TensorFlow "
+             "imported'; sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     png = (tmp_path / "wallclock.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
