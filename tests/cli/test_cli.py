@@ -18,6 +18,13 @@ def tapeworks(*args, cwd=None, timeout=600):
                           text=True, cwd=cwd, timeout=timeout)
 
 
+def tapeworks_without_tensorflow(*args):
+    """`tapeworks ARGS` in a fresh process that fails if the command imported TensorFlow."""
+    probe = (f"import sys; from tapeworks import cli; code = cli.main({list(args)!r}); "
+             "assert 'tensorflow' not in sys.modules, 'TensorFlow imported'; sys.exit(code)")
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+
+
 # The quick (smoke) runs of these scenarios share one `tapeworks bench`
 # process (those that start processes of their own orchestrate them from it):
 # a process costs about 11 s of imports on this project's slowest CI machine,
@@ -122,10 +129,7 @@ def test_bench_redraw_draws_each_chart_again_from_its_report(tmp_path):
     (tmp_path / "notes.json").write_text("[1, 2]")        # not a report: left alone
     before = (tmp_path / "wallclock.json").read_bytes()
     # Redrawing needs matplotlib only: no TensorFlow starts.
-    probe = (f"import sys; from tapeworks import cli; code = cli.main(['bench', '--redraw', "
-             f"{str(tmp_path)!r}]); assert 'tensorflow' not in sys.modules, 'TensorFlow "
-             "imported'; sys.exit(code)")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    result = tapeworks_without_tensorflow("bench", "--redraw", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     png = (tmp_path / "wallclock.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -145,9 +149,7 @@ def test_bench_list_reads_every_scenario_without_starting_tensorflow():
     # Listing reads each module's DESCRIPTION from its source: every module is listed.
     assert sorted(scenarios.ORDER) == sorted(
         m.name for m in pkgutil.iter_modules(scenarios.__path__))
-    probe = ("import sys; from tapeworks import cli; code = cli.main(['bench', '--list']); "
-             "assert 'tensorflow' not in sys.modules, 'TensorFlow imported'; sys.exit(code)")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    result = tapeworks_without_tensorflow("bench", "--list")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "I0000" not in result.stderr and "oneDNN" not in result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
