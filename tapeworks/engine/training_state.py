@@ -25,7 +25,7 @@ from keras.src.backend.common import symbolic_scope
 from tapeworks import distribute as distribute_lib
 from tapeworks.engine.step import capture as capture_lib
 from tapeworks.engine.checks import gradient_health
-from tapeworks.engine.step import guards, replicas, step, updater
+from tapeworks.engine.step import graph_outputs, guards, replicas, step, updater
 from tapeworks.engine.checks import monitor as monitor_lib
 from tapeworks.engine.checks import nonfinite as nonfinite_lib
 from tapeworks.engine.step import task as task_lib
@@ -161,7 +161,7 @@ class TrainingState:
                     task.reset_metrics()
             else:
                 failures = []
-                traced = trace_once(trace_losses, element_spec, failures)
+                traced = trace_losses_once(task, trace_losses, element_spec, failures)
                 if traced is None:
                     half_built = _half_built(task.models)
                     if half_built:
@@ -424,6 +424,28 @@ def trace_once(fn, spec, failures=None):
         if failures is not None:
             failures.append(error)
         return None
+
+
+def trace_losses_once(task, trace_losses, element_spec, failures):
+    """`trace_once(trace_losses, ...)`, without a forward pass where the model's graph gives its outputs.
+
+    The scratch trace only creates the loss' and metrics' variables and
+    names the losses; a built Functional model's outputs are known from its
+    graph of layers (`graph_outputs.output_spec`), so the trace reads them
+    there instead of tracing the model a first time before the step's own
+    trace. A trace that fails that way is run again with the model's call.
+    """
+    spec = (graph_outputs.output_spec(task.network)
+            if isinstance(task, task_lib.SupervisedTask) else None)
+    if spec is not None:
+        task.stand_in_outputs = spec
+        try:
+            traced = trace_once(trace_losses, element_spec)
+        finally:
+            task.stand_in_outputs = None
+        if traced is not None:
+            return traced
+    return trace_once(trace_losses, element_spec, failures)
 
 
 class _ComputedInitialValue(Exception):

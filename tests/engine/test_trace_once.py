@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import tapeworks
 from tapeworks.engine import training_state
+from tapeworks.engine.step import graph_outputs
 
 
 def test_keras_variables_made_in_the_trace_exist_eagerly_after_it_and_start_at_zero():
@@ -205,3 +206,80 @@ def test_a_build_stopped_for_another_reason_names_what_it_raised():
         tapeworks.Trainer(model, jit_compile=False, plan_cache=False).fit(
             np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), verbose=0)
     assert len(model.weights) == 1
+
+
+def test_a_built_functional_model_is_not_called_by_the_build_only_by_its_step():
+    # Its outputs' shapes and dtypes are in its graph of layers: the build's
+    # scratch trace reads them there (`graph_outputs`) instead of tracing
+    # the model once more before the step's own trace.
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], "float32")
+    y = np.array([[1.0], [0.0]], "float32")
+    layer = CountsCalls()
+    model = keras.Sequential([keras.Input((2,)), layer])
+    model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    built_by_keras = layer.calls   # the Sequential's own symbolic call
+    trainer = tapeworks.Trainer(model, jit_compile=False, steps_per_call=1, plan_cache=False)
+    history = trainer.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    assert layer.calls - built_by_keras == 1 and trainer.traces["train_step"] == 1
+    error = x @ np.ones((2, 1), "float32") - y
+    assert history.history["loss"][0] == pytest.approx(float(np.mean(error ** 2)), rel=1e-6)
+    assert history.history["mae"][0] == pytest.approx(float(np.mean(np.abs(error))), rel=1e-6)
+
+
+def test_the_output_spec_read_from_the_graph_is_what_a_call_returns():
+    inputs = {"a": keras.Input((3,), name="a"), "b": keras.Input((4, 2), name="b")}
+    flat = keras.layers.Concatenate()([inputs["a"], keras.layers.Flatten()(inputs["b"])])
+    model = keras.Model(inputs, {"score": keras.layers.Dense(1)(flat),
+                                 "classes": keras.layers.Dense(5, dtype="float16")(flat)})
+    spec = graph_outputs.output_spec(model)
+    called = model({"a": tf.zeros((7, 3)), "b": tf.zeros((7, 4, 2))})
+    assert sorted(spec) == sorted(called) == ["classes", "score"]
+    for name, out in called.items():
+        assert spec[name].shape.as_list() == [None, *out.shape[1:]]
+        assert spec[name].dtype == out.dtype
+    single = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    assert graph_outputs.output_spec(single) == tf.TensorSpec((None, 3), tf.float32)
+
+
+class OwnCall(keras.Model):
+    def call(self, x):
+        return {"twice": super().call(x) * 2.0}
+
+
+def test_models_whose_outputs_only_a_call_tells_are_called():
+    variable_length = keras.Input((None,))
+    assert graph_outputs.output_spec(keras.Model(
+        variable_length, keras.layers.Dense(2)(variable_length[..., None]))) is None
+    assert graph_outputs.output_spec(keras.Sequential([keras.layers.Dense(2)])) is None
+    inputs = keras.Input((2,))
+    assert graph_outputs.output_spec(OwnCall(inputs, keras.layers.Dense(1)(inputs))) is None
+
+
+class LossNeedsTheCall(keras.Model):
+    """A Functional model whose loss only traces after the model was called."""
+
+    def __call__(self, *args, **kwargs):
+        self.was_called = True
+        return super().__call__(*args, **kwargs)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        self.loss_traces.append(getattr(self, "was_called", False))
+        if not self.was_called:
+            raise ValueError("the loss was asked for before the model was called")
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+
+def test_a_loss_that_fails_without_the_models_call_is_traced_again_with_it():
+    inputs = keras.Input((2,))
+    model = LossNeedsTheCall(inputs, keras.layers.Dense(1, kernel_initializer="ones")(inputs))
+    model.was_called, model.loss_traces = False, []
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], "float32")
+    y = np.array([[1.0], [0.0]], "float32")
+    history = tapeworks.Trainer(model, jit_compile=False, steps_per_call=1, plan_cache=False).fit(
+        x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    # The build's trace without the call failed, the one with it named the
+    # loss, then the step's own trace.
+    assert model.loss_traces[:2] == [False, True]
+    error = x @ np.ones((2, 1), "float32") - y
+    assert history.history["loss"][0] == pytest.approx(float(np.mean(error ** 2)), rel=1e-6)

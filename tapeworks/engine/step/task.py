@@ -48,7 +48,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tapeworks.engine.step import guards
+from tapeworks.engine.step import graph_outputs, guards
 from tapeworks.engine.step import precision as precision_lib
 from tapeworks.engine.step import returned_logs
 from tapeworks.errors import ConfigError, DataSpecError
@@ -418,6 +418,10 @@ class SupervisedTask(Task):
         self._kind = "train"
         self._loss_takes_training = (
             "training" in inspect.signature(model.compute_loss).parameters)
+        # Output specs the next `compute_losses` makes placeholders of instead
+        # of calling the model: the build's scratch trace only
+        # (`training_state.trace_losses_once`).
+        self.stand_in_outputs = None
 
     def check_unchanged(self):
         """Raises `ConfigError` when the model was compiled again after the Trainer took it.
@@ -434,7 +438,8 @@ class SupervisedTask(Task):
 
     def compute_losses(self, batch, training):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        y_pred = self.network(x, training=training)
+        y_pred = (graph_outputs.placeholders(self.stand_in_outputs)
+                  if self.stand_in_outputs is not None else self.network(x, training=training))
         precision_lib.warn_low_precision_outputs(self.network, y_pred)
         y_pred = precision_lib.to_float32(y_pred)
         # Keras' losses already divide by the number of replicas, so the sum
