@@ -118,7 +118,11 @@ class FitEpochs:
         # the epoch, so History and CSVLogger rows keep their val_*.
         if self.data.validation is not None and data_stage_lib.should_validate(
                 epoch, self.validation_freq):
-            val_logs = self.validate(self.data.validation, self.callbacks)
+            # Of the whole fit, so that every evaluation makes the same choice
+            # of compiled function (`EvaluateAndPredict._evaluate`).
+            evaluations = sum(data_stage_lib.should_validate(any_epoch, self.validation_freq)
+                              for any_epoch in range(self.epochs))
+            val_logs = self.validate(self.data.validation, self.callbacks, evaluations)
             logs.update({"val_" + k: v for k, v in val_logs.items()})
         # The epoch's last line is written by `end_line`, after the other
         # callbacks, so what they add (ReduceLROnPlateau's learning_rate) shows.
