@@ -23,8 +23,12 @@ from keras.src.models.functional import Functional, unpack_singleton
 
 def output_spec(model):
     """`tf.TensorSpec`s of what `model(x)` returns, from its graph; None where only a call tells."""
-    functional = model._functional if isinstance(model, keras.Sequential) else model
-    if not isinstance(functional, Functional) or not model.built:
+    # Read with getattr: these are Keras' internals, and a Keras that names
+    # them otherwise makes the build call the model, as before.
+    functional = (getattr(model, "_functional", None) if isinstance(model, keras.Sequential)
+                  else model)
+    if (not isinstance(functional, Functional) or not model.built
+            or not hasattr(functional, "_outputs_struct")):
         return None
     if type(model).call not in (Functional.call, keras.Sequential.call):
         return None   # a subclass's own call may return anything
