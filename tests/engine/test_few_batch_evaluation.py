@@ -61,20 +61,29 @@ def _validated(epochs, validation_samples):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer="sgd", loss="binary_crossentropy")
     trainer = Trainer(model, jit_compile=False, steps_per_call=2, plan_cache=False)
-    trainer.fit(*_data(16), batch_size=8, epochs=epochs,
-                validation_data=_data(validation_samples), verbose=0)
+    history = trainer.fit(*_data(16), batch_size=8, epochs=epochs,
+                          validation_data=_data(validation_samples), verbose=0)
     fitted = {key.kind for key in trainer.compiled.keys()}
     trainer.evaluate(*_data(validation_samples), batch_size=8, verbose=0)
-    return fitted, {key.kind for key in trainer.compiled.keys()} - fitted
+    return fitted, {key.kind for key in trainer.compiled.keys()} - fitted, history.history
 
 
 def test_more_than_a_few_batches_are_evaluated_without_the_loop_when_the_fit_has_few_in_all():
     # 12 batches of validation: 2 evaluations are 24 batches in all, under
     # FEW_BATCHES_IN_FIT (96); 9 evaluations are 108, over it.
     assert evaluation.FEW_BATCHES < 12 and 24 <= evaluation.FEW_BATCHES_IN_FIT < 108
-    fitted, evaluated = _validated(epochs=2, validation_samples=96)
+    fitted, evaluated, history = _validated(epochs=2, validation_samples=96)
     assert "test_call" in fitted and "test_loop" not in fitted
     # `evaluate` may be called again and again: more than FEW_BATCHES loop.
     assert evaluated == {"test_loop"}
-    fitted, _ = _validated(epochs=9, validation_samples=96)
+    fitted, _, _ = _validated(epochs=9, validation_samples=96)
     assert "test_loop" in fitted and "test_call" not in fitted
+
+
+def test_the_fits_validation_without_the_loop_logs_what_the_loop_logs(monkeypatch):
+    fitted, _, history = _validated(epochs=2, validation_samples=96)
+    assert "test_call" in fitted
+    monkeypatch.setattr(evaluation, "FEW_BATCHES_IN_FIT", 0)
+    looped, _, looped_history = _validated(epochs=2, validation_samples=96)
+    assert "test_loop" in looped and "test_call" not in looped
+    assert history == looped_history and len(history["val_loss"]) == 2
