@@ -11,6 +11,7 @@ both inside `run_epoch`) and at the end (`after_epoch`), nowhere else.
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import keras
@@ -61,6 +62,16 @@ class FitEpochs:
         mine = any(isinstance(callback, keras.callbacks.ProgbarLogger)
                    for callback in self.callbacks.callbacks)
         return 0 if mine else self.verbose
+
+    @functools.cached_property
+    def evaluations(self):
+        """How many times the whole fit validates, counted once.
+
+        Of the whole fit, so that every evaluation makes the same choice of
+        compiled function (`EvaluateAndPredict._evaluate`).
+        """
+        return sum(data_stage_lib.should_validate(epoch, self.validation_freq)
+                   for epoch in range(self.epochs))
 
     def run(self, initial_epoch):
         """Trains epochs `initial_epoch` .. `epochs - 1`; returns the last epoch's logs."""
@@ -118,11 +129,7 @@ class FitEpochs:
         # the epoch, so History and CSVLogger rows keep their val_*.
         if self.data.validation is not None and data_stage_lib.should_validate(
                 epoch, self.validation_freq):
-            # Of the whole fit, so that every evaluation makes the same choice
-            # of compiled function (`EvaluateAndPredict._evaluate`).
-            evaluations = sum(data_stage_lib.should_validate(any_epoch, self.validation_freq)
-                              for any_epoch in range(self.epochs))
-            val_logs = self.validate(self.data.validation, self.callbacks, evaluations)
+            val_logs = self.validate(self.data.validation, self.callbacks, self.evaluations)
             logs.update({"val_" + k: v for k, v in val_logs.items()})
         # The epoch's last line is written by `end_line`, after the other
         # callbacks, so what they add (ReduceLROnPlateau's learning_rate) shows.
