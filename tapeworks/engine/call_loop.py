@@ -16,7 +16,7 @@ import tensorflow as tf
 from tapeworks.data import sources
 from tapeworks.engine import callback_bridge, config as config_lib
 from tapeworks.engine.plan import autotune
-from tapeworks.engine.step import guards
+from tapeworks.engine.step import data_shapes, guards
 from tapeworks.engine.step import capture as capture_lib
 from tapeworks.engine.checks import gradient_health
 from tapeworks.engine.checks import monitor as monitor_lib
@@ -295,7 +295,8 @@ class CallLoop:
             self.compiled.record_capture(extra)
             return size
 
-        with guards.inside_step():
+        with guards.inside_step(), data_shapes.drawn_from(
+                getattr(iterator, "element_spec", None)):
             try:
                 samples = one_step(mode)
             except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:

@@ -12,7 +12,7 @@ import typing
 
 import tensorflow as tf
 
-from tapeworks.engine.step import control_flow, model_step, replicas, step, updater
+from tapeworks.engine.step import control_flow, data_shapes, model_step, replicas, step, updater
 from tapeworks.engine.plan import graph_options
 from tapeworks.engine.checks import inference_mode
 from tapeworks.engine.step.traced import Traced
@@ -66,7 +66,13 @@ class CompiledSteps:
         if key not in self._functions:
             # Instantiated with grappler's CPU-idle passes left out: a
             # shorter first call, the same graph (`graph_options`).
-            self._functions[key] = graph_options.lean_calls(build())
+            function = graph_options.lean_calls(build())
+            if key.kind in ("train_step", "test_step") and isinstance(
+                    function, graph_options.LeanCalls):
+                # A step, called on batches drawn on the host too: traced
+                # for the data's shapes, not each batch's (`data_shapes`).
+                function = data_shapes.DataShapedCalls(function)
+            self._functions[key] = function
         return self._functions[key]
 
     # Loops: several steps per call -------------------------------------------
