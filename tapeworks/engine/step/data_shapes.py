@@ -1,27 +1,36 @@
-"""A compiled step called on a batch drawn on the host is traced for its data's shapes.
+"""A compiled step called on batches of many shapes drawn on the host is traced once, for the data's.
 
 `CallLoop.first_step` draws a batch on the host and calls the compiled step
 on it: every step of a fit of a few steps, the first call of a mode being
 measured, and every step when a callback of the user's wants every batch. A
 `tf.function` called on a tensor is traced for that tensor's shape, so the
-next batch of another shape (a `padded_batch` of longer sequences, an
-epoch's last, smaller batch) traced the step again, and a loop built later,
-whose step gets the iterator's batches (shaped as the dataset's
-`element_spec`, `None` where batches differ), traced it once more. Keras'
-fit never calls its step on a concrete batch: its function takes the
-iterator. Here the step is traced once for the data's `element_spec`, and
-every batch of that data calls that trace, as does a loop's graph built
-later. On the CTC speech corpus script (two `padded_batch` batches of
-different lengths, two steps) the step was traced twice before, 2.8 s and
-3.3 s, each trace's first call 4.9 s and 4.7 s (timeline, one process,
-AMD EPYC: a diagnosis, not a bench figure).
+next batch of another shape (a `padded_batch` of longer sequences) traced
+the step again (`reduce_retracing` relaxes the shape on that second trace),
+and a loop built later, whose step gets the iterator's batches (shaped as
+the dataset's `element_spec`, `None` where batches differ), traced it once
+more. Keras' fit never calls its step on a concrete batch: its function
+takes the iterator. Data whose `element_spec` leaves a dimension other than
+the batch's unknown (padded or ragged sequences, images of several sizes)
+has the step traced once for that `element_spec`, and every batch of it
+calls that trace, as does a loop's graph built later. On the CTC speech
+corpus script (two `padded_batch` batches of different lengths) the step
+was traced twice before, 2.8 s and 3.3 s, each trace's first call 4.9 s and
+4.7 s; after, one trace of 3.1 s and a first call of 4.7 s (timeline, one
+process each, AMD EPYC: a diagnosis; the bench figure is in
+benchmarks/examples.md, fourteenth run).
 
-A step whose code needs the batch's own shapes (a Python `int` read from
-`x.shape[0]`, which is None in the data's shape) fails that trace; it is
-then traced for each batch's shapes as before, so nothing Keras' few-step
-calls ran stops running.
+Data whose batches differ at most in their size keeps the first batch's
+shapes: a graph of known shapes ran the SimCLR corpus script's steps faster
+(three alternated fresh processes, AMD EPYC: fit 8.05 s, 8.77 s, 7.36 s
+traced for the batch against 9.59 s, 9.90 s, 7.65 s for the data's shapes,
+whose only unknown dimension is the batch's), and most such data has one
+batch size throughout; a smaller last batch traces the step once more, as
+before.
+
+A step whose code needs the batch's own shapes (a Python `int` read from a
+dimension the data leaves unknown) fails that trace; it is then traced for
+each batch's shapes as before, so nothing that ran before stops running.
 """
-
 import contextlib
 import threading
 
@@ -41,6 +50,15 @@ def drawn_from(element_spec):
         _drawn.spec = before
 
 
+def varies(spec):
+    """Whether data of `element_spec` `spec` leaves a dimension other than the batch's unknown."""
+    for leaf in tf.nest.flatten(spec):
+        shape = getattr(leaf, "shape", None)
+        if shape is None or shape.rank is None or None in shape.as_list()[1:]:
+            return True
+    return False
+
+
 def fits(spec, batch):
     """Whether `batch` is an element of data whose `element_spec` is `spec`."""
     try:
@@ -52,7 +70,7 @@ def fits(spec, batch):
 
 
 class DataShapedCalls:
-    """A compiled step; called eagerly inside `drawn_from(spec)`, traced for `spec` first.
+    """A compiled step; called eagerly in `drawn_from(spec)`, traced for `spec` if it `varies`.
 
     Other attributes are the function's own (`get_concrete_function`, ...).
     """
@@ -64,7 +82,7 @@ class DataShapedCalls:
     def __call__(self, batch):
         spec = getattr(_drawn, "spec", None)
         if (spec is not None and tf.executing_eagerly() and not self._tried(spec)
-                and fits(spec, batch)):
+                and varies(spec) and fits(spec, batch)):
             self._specs_tried.append(spec)
             try:
                 self._function.get_concrete_function(spec)

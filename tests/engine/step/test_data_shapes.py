@@ -1,9 +1,9 @@
-"""A step called on batches drawn on the host is traced once, for its data's shapes.
+"""A step called on batches of many shapes drawn on the host is traced once, for its data's.
 
-Batches of one dataset differ in shape (a `padded_batch` of sequences of
-other lengths, an epoch's last, smaller batch); a fit of a few steps calls
-its step on each of them. Traced for the dataset's `element_spec`, the step
-is traced once, and trains as Keras' fit trains.
+Batches of one `padded_batch` differ in length (and the last in size too);
+a fit of a few steps calls its step on each of them. Traced for the
+dataset's `element_spec`, the step is traced once, and trains as Keras' fit
+trains. Data whose batches differ at most in size keeps the batch's shapes.
 """
 
 import keras
@@ -51,7 +51,7 @@ def assert_trains_as_keras(history, expected, net, reference):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["tf.function", "xla"])
-@pytest.mark.parametrize("batch_size", [2, 4], ids=["lengths-differ", "last-batch-smaller"])
+@pytest.mark.parametrize("batch_size", [2, 4], ids=["lengths-differ", "last-batch-smaller-too"])
 def test_batches_of_other_shapes_call_one_trace_and_train_as_keras(jit_compile, batch_size):
     reference, net = summing_model(), summing_model()
     expected = reference.fit(padded(batch_size), epochs=2, shuffle=False, verbose=0)
@@ -91,6 +91,29 @@ def test_a_step_that_needs_its_batchs_size_is_traced_for_its_batches_as_before()
     # The data's shapes failed (counted), then the batches' own: two batches
     # of 3 sequences of lengths 3 and 4 (the second trace relaxes the length).
     assert trainer.traces["train_step"] == 3
+
+
+def test_data_of_one_shape_but_the_batch_size_keeps_the_batchs_shapes():
+    sizes = []
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    seen = keras.layers.Lambda(lambda x: (sizes.append(x.shape[0]), x)[1])(inputs)
+    net = keras.Model(inputs, keras.layers.Dense(1)(seen))
+    net.compile(keras.optimizers.SGD(0.05), "mse")
+    x, y = np.ones((12, 3), "float32"), np.zeros((12, 1), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)   # element_spec: (None, 3)
+    trainer = tapeworks.Trainer(net, jit_compile=False, plan_cache=False)
+    trainer.fit(data, epochs=1, verbose=0)
+    assert trainer.traces["train_step"] == 1
+    assert sizes[-1] == 4   # traced for the batches' own shape: a graph of known shapes
+
+
+def test_varies_looks_past_the_batch_dimension():
+    assert not data_shapes.varies((tf.TensorSpec([None, 3]), tf.TensorSpec([None])))
+    assert not data_shapes.varies({"x": tf.TensorSpec([None, 28, 28, 1]), "n": tf.TensorSpec([])})
+    assert data_shapes.varies((tf.TensorSpec([None, None]), tf.TensorSpec([None])))
+    assert data_shapes.varies(tf.TensorSpec(None))
+    assert data_shapes.varies(tf.RaggedTensorSpec([None, None], tf.int64))
 
 
 def test_fits_matches_structure_dtype_and_shape():
