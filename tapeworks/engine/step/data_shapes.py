@@ -1,4 +1,4 @@
-"""A compiled step called on batches of many shapes drawn on the host is traced once, for the data's.
+"""A compiled step called on host-drawn batches of many shapes is traced once, for the data's.
 
 `CallLoop.first_step` draws a batch on the host and calls the compiled step
 on it: every step of a fit of a few steps, the first call of a mode being
@@ -16,8 +16,9 @@ calls that trace, as does a loop's graph built later. On the CTC speech
 corpus script (two `padded_batch` batches of different lengths) the step
 was traced twice before, 2.8 s and 3.3 s, each trace's first call 4.9 s and
 4.7 s; after, one trace of 3.1 s and a first call of 4.7 s (timeline, one
-process each, AMD EPYC: a diagnosis; the bench figure is in
-benchmarks/examples.md, fourteenth run).
+process each, AMD EPYC: a diagnosis; the bench figures are in
+benchmarks/examples.md, fourteenth and fifteenth runs: 1.11x Keras' fit
+before, 1.80x after).
 
 Data whose batches differ at most in their size keeps the first batch's
 shapes: a graph of known shapes ran the SimCLR corpus script's steps faster
