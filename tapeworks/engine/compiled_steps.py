@@ -44,6 +44,7 @@ class CompiledSteps:
         self.traces = collections.Counter()   # traces per step function, by name
         self._functions = {}
         self._inference_checked = False
+        self._frozen_checked = False
         # The Task's number attributes the train steps were traced with (read at
         # epoch ends: `TracedNumbers.after_epoch`).
         self.traced_numbers = TracedNumbers(task)
@@ -318,12 +319,18 @@ class CompiledSteps:
         def watched(batch):
             if self._inference_checked:
                 return train_step(batch)
-            self._inference_checked = True
-            inference_mode.check_frozen_batchnorm(task.models)
+            if not self._frozen_checked:
+                # Once, even where this trace fails and the step is traced
+                # again (`data_shapes`: for each batch's shapes).
+                self._frozen_checked = True
+                inference_mode.check_frozen_batchnorm(task.models)
             if config.fine_tune_in_inference_mode:
+                self._inference_checked = True
                 return train_step(batch)
             with inference_mode.InferenceCalls(task.models) as calls:
                 result = train_step(batch)
+            # Done once a trace got through: a trace that failed saw no calls.
+            self._inference_checked = True
             inference_mode.check(calls.found, task.updates)
             inference_mode.check_built(task.models, task.updates)
             return result

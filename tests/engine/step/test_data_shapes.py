@@ -157,3 +157,22 @@ def test_a_callback_that_sees_every_batch_gets_steps_of_one_trace():
     trainer.fit(padded(2).repeat(4), epochs=1, callbacks=[seen], verbose=0)   # 12 steps
     assert seen.batches == 12
     assert trainer.traces["train_step"] == 1
+
+
+def test_a_step_traced_again_for_its_batches_still_checks_an_encoder_built_in_inference_mode():
+    keras.utils.set_random_seed(0)
+    encoder = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2),
+                                keras.layers.BatchNormalization()], name="encoder")
+    inputs = keras.Input((None,))
+    total = keras.layers.Lambda(   # reads the batch's size as a Python int: None in the data's
+        lambda x: tf.reshape(tf.reduce_sum(x, axis=1), (x.shape[0], 1)),
+        output_shape=(1,))(inputs)
+    net = keras.Model(inputs, keras.layers.Dense(1)(encoder(total, training=False)))
+    net.compile(keras.optimizers.SGD(0.05), "mse")
+    trainer = tapeworks.Trainer(net, jit_compile=False, plan_cache=False)
+    # The check reads the calls of a trace that got through, not of the one that failed.
+    with pytest.warns(tapeworks.CorrectnessWarning,
+                      match="`encoder` was called with training=False when its Functional"):
+        trainer.fit(padded(3), epochs=1, verbose=0)
+    # The data's shapes failed, then each batch's (sequences of length 3, then 4).
+    assert trainer.traces["train_step"] == 3
