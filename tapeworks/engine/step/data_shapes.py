@@ -32,6 +32,7 @@ A step whose code needs the batch's own shapes (a Python `int` read from a
 dimension the data leaves unknown) fails that trace; it is then traced for
 each batch's shapes as before, so nothing that ran before stops running.
 """
+
 import contextlib
 import threading
 
