@@ -79,21 +79,23 @@ class DataShapedCalls:
 
     def __init__(self, function):
         self._function = function
-        self._specs_tried = []   # traced for, or failed to trace for (compared with ==)
+        # Every spec met, decided once (so a step a call pays one lookup):
+        # traced for, failed to trace for, or left to each batch's shapes.
+        self._specs_seen = []
 
     def __call__(self, batch):
         spec = getattr(_drawn, "spec", None)
-        if (spec is not None and tf.executing_eagerly() and not self._tried(spec)
-                and varies(spec) and fits(spec, batch)):
-            self._specs_tried.append(spec)
-            try:
-                self._function.get_concrete_function(spec)
-            except Exception:   # noqa: BLE001 (traced for the batch's own shapes: see above)
-                pass
+        if spec is not None and tf.executing_eagerly() and not self._seen(spec):
+            self._specs_seen.append(spec)
+            if varies(spec) and fits(spec, batch):
+                try:
+                    self._function.get_concrete_function(spec)
+                except Exception:   # noqa: BLE001 (traced for the batch's own shapes: see above)
+                    pass
         return self._function(batch)
 
-    def _tried(self, spec):
-        return any(tried is spec or tried == spec for tried in self._specs_tried)
+    def _seen(self, spec):
+        return any(seen is spec or seen == spec for seen in self._specs_seen)
 
     def __getattr__(self, name):
         return getattr(self._function, name)
